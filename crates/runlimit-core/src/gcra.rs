@@ -1,0 +1,446 @@
+//! The exact GCRA evaluator shared by every GCRA backend.
+//!
+//! A pure function of the policy, the stored theoretical arrival time (TAT) and the current
+//! time in whole milliseconds. No floats: every instant is scaled by the quota Q, so the
+//! emission interval `T = P / Q` becomes exactly `P` scaled units and all state is an integer
+//! (`../shared/spec/gcra.md` §3).
+//!
+//! For a request of cost `c` at `now` (scaled `now_s = now_ms × Q`):
+//!
+//! ```text
+//! base    = max(tat_s, now_s)
+//! cand    = base + c × P
+//! ceiling = now_s + B × P
+//! allowed ⇔ cand ≤ ceiling           (store tat_s := cand; on denial store nothing)
+//! allowed: remaining      = ⌊(ceiling − cand) / P⌋            units, rounded down
+//!          replenish      = ⌈(cand − now_s) / Q⌉              ms, rounded up
+//!          next unit      = ⌈(cand − now_s − (B − r − 1)·P) / Q⌉  ms, rounded up
+//! denied:  retry_after    = ⌈(cand − ceiling) / Q⌉            ms, rounded up
+//!          available      = ⌊(ceiling − base) / P⌋            units, rounded down
+//! expiry:  ⌈tat_s / Q⌉ ms — state is equivalent to no state from then on
+//! ```
+//!
+//! Durations round up, so retrying at `now + retry_after` is guaranteed to succeed and is the
+//! earliest whole millisecond that does; unit counts round down, so no unit is promised that
+//! is not there.
+//!
+//! # Overflow
+//!
+//! With Q, B ≤ [`MAX_LIMIT`](crate::MAX_LIMIT), P ≤ [`MAX_WINDOW`](crate::MAX_WINDOW) and
+//! `now_ms ≤ u64::MAX`, the largest intermediate `now_s + 2·B·P` is below 2¹²⁸, so evaluation
+//! of a state the evaluator produced cannot overflow. A state read from corrupted storage can;
+//! every operation is checked and reports [`GcraError::StateOutOfRange`] instead of wrapping.
+//!
+//! # Examples
+//!
+//! The `V2` vector of `gcra.md`: Q = 3 per 1000 ms, burst 2 (T = 333⅓ ms).
+//!
+//! ```
+//! use std::time::Duration;
+//! use runlimit_core::{GcraPolicy, PolicyId, ScopeId};
+//! use runlimit_core::gcra::{evaluate, GcraOutcome};
+//!
+//! let policy = GcraPolicy::new(
+//!     PolicyId::new("api")?, ScopeId::new("client")?, 3, Duration::from_secs(1), 2)?;
+//! let parameters = policy.gcra_parameters();
+//! let GcraOutcome::Allowed { tat, remaining, replenish_after_millis, .. } =
+//!     evaluate(&parameters, None, 0, 1)? else { panic!() };
+//! assert_eq!((remaining, replenish_after_millis), (1, 334));
+//! let GcraOutcome::Allowed { tat, .. } = evaluate(&parameters, Some(tat), 0, 1)? else { panic!() };
+//! assert_eq!(tat.expires_at_millis(&parameters), 667);
+//! let GcraOutcome::Denied { retry_after_millis, .. } =
+//!     evaluate(&parameters, Some(tat), 333, 1)? else { panic!() };
+//! assert_eq!(retry_after_millis, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::{
+    decision::{Allowance, QuotaDenial},
+    delay::Delay,
+    policy::{Capacity, GcraPolicy, MAX_WINDOW_MILLIS, PolicyError, QuotaPeriod},
+};
+
+/// The validated numbers the evaluator needs: quota Q, period P (ms) and burst capacity B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GcraParameters {
+    quota: Capacity,
+    period: QuotaPeriod,
+    burst: Capacity,
+}
+
+impl GcraParameters {
+    /// Validates the parameters: full replenishment ⌈B·P/Q⌉ ms must not exceed
+    /// [`MAX_WINDOW`](crate::MAX_WINDOW).
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::ReplenishmentTooLong`].
+    pub fn new(quota: Capacity, period: QuotaPeriod, burst: Capacity) -> Result<Self, PolicyError> {
+        let full = u128::from(burst.get()) * u128::from(period.as_millis());
+        let millis = full.div_ceil(u128::from(quota.get()));
+        if millis > u128::from(MAX_WINDOW_MILLIS) {
+            return Err(PolicyError::ReplenishmentTooLong { millis, maximum_millis: MAX_WINDOW_MILLIS });
+        }
+        Ok(Self { quota, period, burst })
+    }
+
+    pub(crate) fn from_policy(policy: &GcraPolicy) -> Self {
+        Self { quota: policy.quota(), period: policy.period(), burst: policy.burst_capacity() }
+    }
+
+    /// Q: units replenished per period.
+    #[must_use]
+    pub const fn quota(&self) -> Capacity {
+        self.quota
+    }
+    /// P: the period in milliseconds.
+    #[must_use]
+    pub const fn period(&self) -> QuotaPeriod {
+        self.period
+    }
+    /// B: the burst capacity.
+    #[must_use]
+    pub const fn burst_capacity(&self) -> Capacity {
+        self.burst
+    }
+}
+
+/// A theoretical arrival time in scaled units (milliseconds × Q): the instant at which the
+/// subject would be fully rested. Only meaningful with the [`GcraParameters`] it was computed
+/// under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TheoreticalArrivalTime(u128);
+
+impl TheoreticalArrivalTime {
+    /// Wraps a stored scaled value (milliseconds × Q).
+    #[must_use]
+    pub const fn from_scaled(scaled: u128) -> Self {
+        Self(scaled)
+    }
+
+    /// Rebuilds a scaled value from its exact `bigint`-sized parts,
+    /// `millis × Q + remainder`. `None` if `remainder ≥ Q` or the value overflows.
+    #[must_use]
+    pub fn from_parts(millis: u64, remainder: u64, parameters: &GcraParameters) -> Option<Self> {
+        let quota = parameters.quota.get();
+        if remainder >= quota {
+            return None;
+        }
+        u128::from(millis).checked_mul(u128::from(quota))?.checked_add(u128::from(remainder)).map(Self)
+    }
+
+    /// The scaled value.
+    #[must_use]
+    pub const fn scaled(self) -> u128 {
+        self.0
+    }
+
+    /// The exact parts `(⌊tat / Q⌋ ms, tat mod Q)`; both fit PostgreSQL `bigint` for any state
+    /// the evaluator produced with a `now_ms` below `i64::MAX`. `None` if the millisecond part
+    /// exceeds `u64`.
+    #[must_use]
+    pub fn to_parts(self, parameters: &GcraParameters) -> Option<(u64, u64)> {
+        let quota = u128::from(parameters.quota.get());
+        let millis = u64::try_from(self.0 / quota).ok()?;
+        let remainder = u64::try_from(self.0 % quota).ok()?;
+        Some((millis, remainder))
+    }
+
+    /// The first whole millisecond at which the state is equivalent to no state and may be
+    /// deleted: ⌈tat / Q⌉. Saturates at `u64::MAX`.
+    #[must_use]
+    pub fn expires_at_millis(self, parameters: &GcraParameters) -> u64 {
+        u64::try_from(self.0.div_ceil(u128::from(parameters.quota.get()))).unwrap_or(u64::MAX)
+    }
+}
+
+/// The evaluator's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GcraOutcome {
+    /// Allowed: store `tat`.
+    Allowed {
+        /// The new theoretical arrival time to store.
+        tat: TheoreticalArrivalTime,
+        /// Units spendable immediately after this request, rounded down; below B.
+        remaining: u64,
+        /// Milliseconds until fully rested, rounded up.
+        replenish_after_millis: u64,
+        /// Milliseconds until one more unit becomes available, rounded up.
+        next_unit_after_millis: u64,
+    },
+    /// Denied: store nothing.
+    Denied {
+        /// Milliseconds until the same request fits, rounded up; at least 1.
+        retry_after_millis: u64,
+        /// Units spendable now, rounded down (0 for a unit-cost request).
+        available: u64,
+    },
+}
+
+impl GcraOutcome {
+    /// The allowance of an allowed outcome, with the burst capacity as its capacity.
+    #[must_use]
+    pub fn allowance(&self, parameters: &GcraParameters) -> Option<Allowance> {
+        match *self {
+            Self::Allowed { remaining, replenish_after_millis, .. } => {
+                Allowance::new(parameters.burst, remaining, Delay::from_millis(replenish_after_millis)).ok()
+            }
+            Self::Denied { .. } => None,
+        }
+    }
+
+    /// The quota denial of a denied outcome, with the burst capacity as its capacity.
+    #[must_use]
+    pub fn quota_denial(&self, parameters: &GcraParameters) -> Option<QuotaDenial> {
+        match *self {
+            Self::Denied { retry_after_millis, .. } => {
+                Some(QuotaDenial::new(parameters.burst, Delay::from_millis(retry_after_millis)))
+            }
+            Self::Allowed { .. } => None,
+        }
+    }
+}
+
+/// Why the evaluator refused to decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GcraError {
+    /// A request must cost at least one unit.
+    #[error("request cost must be at least 1")]
+    ZeroCost,
+    /// A request costing more than the burst capacity can never be allowed; a caller or
+    /// configuration error, not a quota denial.
+    #[error("request cost {cost} exceeds the burst capacity {burst_capacity}")]
+    CostExceedsBurst {
+        /// The requested cost.
+        cost: u64,
+        /// The policy's burst capacity.
+        burst_capacity: u64,
+    },
+    /// The stored state is outside every range the evaluator can produce (corrupted storage).
+    #[error("stored theoretical arrival time is out of range")]
+    StateOutOfRange,
+}
+
+/// Evaluates a request of `cost` units at `now_millis` against the stored `tat`
+/// (`None`: no state, fully rested).
+///
+/// Pure and exact; see the [module documentation](self) for the formulas and rounding.
+/// Clock readings earlier than the stored state are safe: `max(tat, now)` never refills early.
+///
+/// # Errors
+///
+/// [`GcraError::ZeroCost`] for `cost == 0`; [`GcraError::CostExceedsBurst`] for
+/// `cost > B`; [`GcraError::StateOutOfRange`] when `tat` is so far in the future that the
+/// arithmetic or a reported duration would overflow.
+pub fn evaluate(
+    parameters: &GcraParameters,
+    tat: Option<TheoreticalArrivalTime>,
+    now_millis: u64,
+    cost: u64,
+) -> Result<GcraOutcome, GcraError> {
+    let burst = parameters.burst.get();
+    if cost == 0 {
+        return Err(GcraError::ZeroCost);
+    }
+    if cost > burst {
+        return Err(GcraError::CostExceedsBurst { cost, burst_capacity: burst });
+    }
+    let quota = u128::from(parameters.quota.get());
+    let period = u128::from(parameters.period.as_millis());
+    let burst = u128::from(burst);
+    let cost = u128::from(cost);
+
+    // In range by the MAX_LIMIT / MAX_WINDOW bounds; checked anyway.
+    let now_s = u128::from(now_millis).checked_mul(quota).ok_or(GcraError::StateOutOfRange)?;
+    let span = burst.checked_mul(period).ok_or(GcraError::StateOutOfRange)?;
+    let ceiling = now_s.checked_add(span).ok_or(GcraError::StateOutOfRange)?;
+    let base = tat.map_or(now_s, |tat| tat.0.max(now_s));
+    let cand = cost
+        .checked_mul(period)
+        .and_then(|weight| base.checked_add(weight))
+        .ok_or(GcraError::StateOutOfRange)?;
+
+    let to_u64 = |value: u128| u64::try_from(value).map_err(|_| GcraError::StateOutOfRange);
+    if cand <= ceiling {
+        let remaining = (ceiling - cand) / period;
+        let ahead = cand - now_s;
+        let replenish = ahead.div_ceil(quota);
+        // remaining < B because cand − now_s ≥ cost·P ≥ P.
+        let untouched = (burst - remaining - 1) * period;
+        let next_unit = ahead.saturating_sub(untouched).div_ceil(quota);
+        Ok(GcraOutcome::Allowed {
+            tat: TheoreticalArrivalTime(cand),
+            remaining: to_u64(remaining)?,
+            replenish_after_millis: to_u64(replenish)?,
+            next_unit_after_millis: to_u64(next_unit)?,
+        })
+    } else {
+        let retry_after = (cand - ceiling).div_ceil(quota);
+        let available = ceiling.saturating_sub(base) / period;
+        Ok(GcraOutcome::Denied { retry_after_millis: to_u64(retry_after)?, available: to_u64(available)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MAX_LIMIT, MAX_WINDOW};
+    use std::time::Duration;
+
+    fn params(q: u64, p_ms: u64, b: u64) -> GcraParameters {
+        GcraParameters::new(
+            Capacity::new(q).unwrap(),
+            QuotaPeriod::new(Duration::from_millis(p_ms)).unwrap(),
+            Capacity::new(b).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// Steps (time, cost) → expected; `Ok((remaining, replenish))` or `Err((retry, available))`.
+    type Step = (u64, u64, Result<(u64, u64), (u64, u64)>);
+
+    fn run(p: &GcraParameters, steps: &[Step]) {
+        let mut tat = None;
+        for (i, &(now, cost, expected)) in steps.iter().enumerate() {
+            let outcome = evaluate(p, tat, now, cost).unwrap();
+            match (outcome, expected) {
+                (GcraOutcome::Allowed { tat: t, remaining, replenish_after_millis, .. }, Ok(want)) => {
+                    assert_eq!((remaining, replenish_after_millis), want, "step {i}");
+                    tat = Some(t);
+                }
+                (GcraOutcome::Denied { retry_after_millis, available }, Err(want)) => {
+                    assert_eq!((retry_after_millis, available), want, "step {i}");
+                }
+                (got, want) => panic!("step {i}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn vector_v1() {
+        let p = params(10, 1000, 20);
+        let mut steps: Vec<_> = (0..20).map(|i| (0, 1, Ok((19 - i, 100 * (i + 1))))).collect();
+        steps.extend([
+            (0, 1, Err((100, 0))),
+            (100, 1, Ok((0, 2000))),
+            (150, 1, Err((50, 0))),
+            (199, 1, Err((1, 0))),
+            (200, 1, Ok((0, 2000))),
+            (3000, 1, Ok((19, 100))),
+        ]);
+        run(&p, &steps);
+        // After the 5th hit at t=0: remaining 15, next unit 100 ms, full in 500 ms.
+        let mut tat = None;
+        let mut last = None;
+        for _ in 0..5 {
+            let o = evaluate(&p, tat, 0, 1).unwrap();
+            if let GcraOutcome::Allowed { tat: t, .. } = o {
+                tat = Some(t);
+            }
+            last = Some(o);
+        }
+        assert_eq!(
+            last,
+            Some(GcraOutcome::Allowed {
+                tat: TheoreticalArrivalTime(5000),
+                remaining: 15,
+                replenish_after_millis: 500,
+                next_unit_after_millis: 100
+            })
+        );
+    }
+
+    #[test]
+    fn vector_v2() {
+        let p = params(3, 1000, 2);
+        run(
+            &p,
+            &[
+                (0, 1, Ok((1, 334))),
+                (0, 1, Ok((0, 667))),
+                (0, 1, Err((334, 0))),
+                (333, 1, Err((1, 0))),
+                (334, 1, Ok((0, 666))),
+                (667, 1, Ok((0, 667))),
+                (1000, 1, Ok((0, 667))),
+                (5000, 1, Ok((1, 334))),
+            ],
+        );
+        let t = TheoreticalArrivalTime(2000);
+        assert_eq!(t.expires_at_millis(&p), 667);
+        assert_eq!(t.to_parts(&p), Some((666, 2)));
+        assert_eq!(TheoreticalArrivalTime::from_parts(666, 2, &p), Some(t));
+        assert_eq!(TheoreticalArrivalTime::from_parts(666, 3, &p), None);
+    }
+
+    #[test]
+    fn vector_v3() {
+        run(
+            &params(1, 60_000, 1),
+            &[
+                (0, 1, Ok((0, 60_000))),
+                (1, 1, Err((59_999, 0))),
+                (59_999, 1, Err((1, 0))),
+                (60_000, 1, Ok((0, 60_000))),
+                (60_000, 1, Err((60_000, 0))),
+            ],
+        );
+    }
+
+    #[test]
+    fn vector_v4_weighted() {
+        let p = params(5, 1000, 5);
+        run(
+            &p,
+            &[(0, 3, Ok((2, 600))), (0, 3, Err((200, 2))), (199, 3, Err((1, 2))), (200, 3, Ok((0, 1000)))],
+        );
+        assert_eq!(
+            evaluate(&p, None, 200, 6),
+            Err(GcraError::CostExceedsBurst { cost: 6, burst_capacity: 5 })
+        );
+        assert_eq!(evaluate(&p, None, 200, 0), Err(GcraError::ZeroCost));
+    }
+
+    #[test]
+    fn vector_v5() {
+        run(
+            &params(2, 1000, 4),
+            &[
+                (0, 1, Ok((3, 500))),
+                (0, 1, Ok((2, 1000))),
+                (0, 1, Ok((1, 1500))),
+                (0, 1, Ok((0, 2000))),
+                (0, 1, Err((500, 0))),
+                (250, 1, Err((250, 0))),
+                (499, 1, Err((1, 0))),
+                (500, 1, Ok((0, 2000))),
+                (1250, 1, Ok((0, 1750))),
+                (2000, 1, Ok((1, 1500))),
+                (2001, 1, Ok((0, 1999))),
+            ],
+        );
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        let p = GcraParameters::new(
+            Capacity::new(MAX_LIMIT).unwrap(),
+            QuotaPeriod::new(MAX_WINDOW).unwrap(),
+            Capacity::new(MAX_LIMIT).unwrap(),
+        )
+        .unwrap();
+        let first = evaluate(&p, None, u64::MAX, MAX_LIMIT).unwrap();
+        let GcraOutcome::Allowed { tat, remaining, replenish_after_millis, .. } = first else { panic!() };
+        assert_eq!((remaining, replenish_after_millis), (0, crate::MAX_WINDOW_MILLIS));
+        let again = evaluate(&p, Some(tat), u64::MAX, 1).unwrap();
+        assert_eq!(again, GcraOutcome::Denied { retry_after_millis: 1, available: 0 });
+        // V6: now_s beyond u64.
+        let v6 = params(u64::try_from(i64::MAX).unwrap(), 1, u64::try_from(i64::MAX).unwrap());
+        assert!(matches!(evaluate(&v6, None, 1_800_000_000_000, 1), Ok(GcraOutcome::Allowed { .. })));
+        assert_eq!(
+            evaluate(&p, Some(TheoreticalArrivalTime(u128::MAX)), 0, 1),
+            Err(GcraError::StateOutOfRange)
+        );
+    }
+}

@@ -1,0 +1,284 @@
+//! The observer seam: exhaustive, low-cardinality admission and cleanup telemetry.
+
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::Arc,
+    time::Duration,
+};
+
+use crate::{
+    id::{PolicyId, ScopeId},
+    policy::{PolicyFingerprint, RateLimitPolicy},
+};
+
+/// Receives observations from a backend.
+///
+/// Callbacks run synchronously after memory locks are released or database transactions are
+/// finalized. Keep them fast and hand export work to another thread. An observer cannot change
+/// a decision: backends call it through [`notify`], which catches panics.
+/// The default method ignores every observation; `()` is the no-op observer.
+pub trait Observer: Send + Sync {
+    /// Called once per admission or cleanup operation.
+    fn observe(&self, observation: &Observation<'_>) {
+        let _ = observation;
+    }
+}
+
+impl Observer for () {}
+
+impl<O: Observer + ?Sized> Observer for Arc<O> {
+    fn observe(&self, observation: &Observation<'_>) {
+        (**self).observe(observation);
+    }
+}
+
+impl<O: Observer + ?Sized> Observer for Box<O> {
+    fn observe(&self, observation: &Observation<'_>) {
+        (**self).observe(observation);
+    }
+}
+
+impl<O: Observer + ?Sized> Observer for &O {
+    fn observe(&self, observation: &Observation<'_>) {
+        (**self).observe(observation);
+    }
+}
+
+/// Delivers `observation` to `observer`, catching a panic so telemetry can never change an
+/// admission result. Returns `false` when the observer panicked.
+pub fn notify<O: Observer + ?Sized>(observer: &O, observation: &Observation<'_>) -> bool {
+    catch_unwind(AssertUnwindSafe(|| observer.observe(observation))).is_ok()
+}
+
+/// One observation. Exhaustive: an observer that maps outcomes to metrics names every
+/// variant, so a new kind of observation is a compile error rather than an unmetered arm.
+/// Observations never include subject keys, backend error text or other sensitive,
+/// high-cardinality values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observation<'a> {
+    /// A check or batch was evaluated (or failed).
+    Admission(AdmissionObservation<'a>),
+    /// A bounded cleanup pass ran.
+    Cleanup(CleanupObservation),
+}
+
+/// The policy of an admission: identifier, scope and fingerprint together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionPolicy<'a> {
+    id: &'a PolicyId,
+    scope: &'a ScopeId,
+    fingerprint: &'a PolicyFingerprint,
+}
+
+impl<'a> AdmissionPolicy<'a> {
+    /// Borrows the identity of `policy`.
+    #[must_use]
+    pub fn of<P: RateLimitPolicy + ?Sized>(policy: &'a P) -> Self {
+        Self { id: policy.id(), scope: policy.scope(), fingerprint: policy.fingerprint() }
+    }
+
+    /// The policy identifier.
+    #[must_use]
+    pub fn id(&self) -> &'a PolicyId {
+        self.id
+    }
+
+    /// The scope.
+    #[must_use]
+    pub fn scope(&self) -> &'a ScopeId {
+        self.scope
+    }
+
+    /// The fingerprint.
+    #[must_use]
+    pub fn fingerprint(&self) -> &'a PolicyFingerprint {
+        self.fingerprint
+    }
+}
+
+/// What was evaluated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdmissionOperation<'a> {
+    /// A single check.
+    Check {
+        /// Its policy.
+        policy: AdmissionPolicy<'a>,
+    },
+    /// An atomic batch.
+    Batch {
+        /// Number of checks.
+        size: usize,
+        /// The policy of the one check the outcome singles out (the denied or shadow-denied
+        /// check), when there is one.
+        policy: Option<AdmissionPolicy<'a>>,
+    },
+}
+
+/// How an admission ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdmissionOutcome {
+    /// Allowed.
+    Allowed,
+    /// Quota exhausted under shadow mode; admitted.
+    ShadowDenied,
+    /// Quota exhausted under enforcement.
+    QuotaExceeded,
+    /// Denied because the backend's storage is full.
+    StorageCapacity,
+    /// A structurally invalid batch, rejected before backend work.
+    InvalidBatch,
+    /// The backend failed to evaluate.
+    Failed,
+}
+
+/// Whether an operation consumed quota. Exhaustive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConsumptionStatus {
+    /// Quota was consumed and the consumption is confirmed (committed).
+    Consumed,
+    /// Quota was definitely not consumed.
+    NotConsumed,
+    /// The operation may have consumed quota: its commit outcome is unknown. Never replay it
+    /// automatically.
+    MayHaveBeenConsumed,
+}
+
+/// A memory shard's capacity after an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShardHeadroom {
+    /// The shard's index.
+    pub shard_index: usize,
+    /// Entries stored in the shard, live or expired-but-not-yet-removed.
+    pub entries: usize,
+    /// The shard's fixed capacity.
+    pub capacity: usize,
+}
+
+impl ShardHeadroom {
+    /// Free slots: `capacity - entries`.
+    #[must_use]
+    pub fn headroom(&self) -> usize {
+        self.capacity.saturating_sub(self.entries)
+    }
+}
+
+/// One admission's telemetry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionObservation<'a> {
+    operation: AdmissionOperation<'a>,
+    outcome: AdmissionOutcome,
+    consumption: ConsumptionStatus,
+    elapsed: Duration,
+    shard_headroom: Option<ShardHeadroom>,
+}
+
+impl<'a> AdmissionObservation<'a> {
+    /// An observation without shard headroom.
+    #[must_use]
+    pub const fn new(
+        operation: AdmissionOperation<'a>,
+        outcome: AdmissionOutcome,
+        consumption: ConsumptionStatus,
+        elapsed: Duration,
+    ) -> Self {
+        Self { operation, outcome, consumption, elapsed, shard_headroom: None }
+    }
+
+    /// Adds the headroom of the shard the operation touched (memory backends).
+    #[must_use]
+    pub const fn with_shard_headroom(mut self, headroom: ShardHeadroom) -> Self {
+        self.shard_headroom = Some(headroom);
+        self
+    }
+
+    /// What was evaluated.
+    #[must_use]
+    pub const fn operation(&self) -> AdmissionOperation<'a> {
+        self.operation
+    }
+    /// How it ended.
+    #[must_use]
+    pub const fn outcome(&self) -> AdmissionOutcome {
+        self.outcome
+    }
+    /// Whether quota was consumed.
+    #[must_use]
+    pub const fn consumption(&self) -> ConsumptionStatus {
+        self.consumption
+    }
+    /// Wall time the backend spent, from the start of the operation to its result.
+    #[must_use]
+    pub const fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+    /// Headroom of the touched shard (the fullest one, for a batch), for memory backends.
+    #[must_use]
+    pub const fn shard_headroom(&self) -> Option<ShardHeadroom> {
+        self.shard_headroom
+    }
+}
+
+/// How a cleanup pass ended. It never borrows the quota-consumption vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CleanupOutcome {
+    /// The pass completed and removed exactly `count` expired entries (possibly 0).
+    Removed {
+        /// Entries removed.
+        count: u64,
+    },
+    /// The pass failed before it could remove anything.
+    NoEffect,
+    /// The pass failed at a point where some entries may have been removed.
+    Unknown,
+}
+
+/// One cleanup pass's telemetry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CleanupObservation {
+    outcome: CleanupOutcome,
+    maximum: u64,
+    elapsed: Duration,
+}
+
+impl CleanupObservation {
+    /// A cleanup observation: its outcome, the requested bound and the elapsed time.
+    #[must_use]
+    pub const fn new(outcome: CleanupOutcome, maximum: u64, elapsed: Duration) -> Self {
+        Self { outcome, maximum, elapsed }
+    }
+    /// How it ended.
+    #[must_use]
+    pub const fn outcome(&self) -> CleanupOutcome {
+        self.outcome
+    }
+    /// The most entries the pass was allowed to remove.
+    #[must_use]
+    pub const fn maximum(&self) -> u64 {
+        self.maximum
+    }
+    /// Wall time spent.
+    #[must_use]
+    pub const fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Panics;
+    impl Observer for Panics {
+        fn observe(&self, _: &Observation<'_>) {
+            panic!("observer bug");
+        }
+    }
+
+    #[test]
+    fn notify_isolates_panics() {
+        let observation =
+            Observation::Cleanup(CleanupObservation::new(CleanupOutcome::NoEffect, 10, Duration::ZERO));
+        assert!(!notify(&Panics, &observation));
+        assert!(notify(&(), &observation));
+    }
+}
