@@ -135,8 +135,10 @@ impl TheoreticalArrivalTime {
         self.0
     }
 
-    /// The exact parts `(⌊tat / Q⌋ ms, tat mod Q)`; both fit PostgreSQL `bigint` for any state
-    /// the evaluator produced with a `now_ms` below `i64::MAX`. `None` if the millisecond part
+    /// The exact parts `(⌊tat / Q⌋ ms, tat mod Q)`. The remainder is below Q ≤
+    /// [`MAX_LIMIT`](crate::MAX_LIMIT) and the millisecond part is at most `now_ms` plus the
+    /// full replenishment time, so both fit PostgreSQL `bigint` for any state the evaluator
+    /// produced with `now_ms ≤ i64::MAX − MAX_WINDOW_MILLIS`. `None` if the millisecond part
     /// exceeds `u64`.
     #[must_use]
     pub fn to_parts(self, parameters: &GcraParameters) -> Option<(u64, u64)> {
