@@ -1,1 +1,168 @@
-//! Placeholder: filled by a later issue.
+//! Caller-controlled Axum/Tower admission middleware for Runlimit limiters.
+//!
+//! [`RateLimitLayer`] checks each request against one Runlimit policy *before* the handler,
+//! its extractors or the request body run. The application supplies every decision Runlimit
+//! cannot make for it:
+//!
+//! - a synchronous key extractor ([`ExtractSubjectKey`], or a closure
+//!   `Fn(&Parts, &Policy) -> Result<SubjectKey, E>`) that names the opaque subject;
+//! - a rejection mapper ([`MapRejection`], or a closure) that owns the status, body and
+//!   headers for an extraction error, an enforced denial, and a backend error, all variants
+//!   of the exhaustive [`RateLimitRejection`].
+//!
+//! The layer binds the extracted key to its own configured policy, so an extractor picks the
+//! subject but can never swap the policy that is evaluated and recorded. Works with any
+//! [`Limiter`](runlimit_core::Limiter) backend (`runlimit-memory`, `runlimit-postgres`, an
+//! application enum), shared by `Arc`.
+//!
+//! # Example
+//!
+//! A per-client gate keyed by the socket peer address (the application's trust decision;
+//! this crate reads no address itself), with a mapper that answers 429 with `Retry-After`:
+//!
+//! ```
+//! use std::{net::SocketAddr, sync::Arc, time::Duration};
+//! use axum::{
+//!     extract::ConnectInfo, response::{IntoResponse, Response}, routing::post, Extension, Router,
+//! };
+//! use http::{header::RETRY_AFTER, request::Parts, StatusCode};
+//! use runlimit_axum::{Admissions, RateLimitLayer, RateLimitRejection};
+//! use runlimit_core::{Denial, FixedWindowPolicy, KeyHasher, Limiter, PolicyId, ScopeId, SubjectKey};
+//!
+//! fn router<L>(limiter: Arc<L>, hasher: KeyHasher) -> Result<Router, Box<dyn std::error::Error>>
+//! where
+//!     L: Limiter<Policy = FixedWindowPolicy> + 'static,
+//! {
+//!     let client = FixedWindowPolicy::new(
+//!         PolicyId::new("auth.login")?, ScopeId::new("client")?, 40, Duration::from_secs(60))?;
+//!
+//!     let client_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
+//!         let ConnectInfo(peer) =
+//!             parts.extensions.get::<ConnectInfo<SocketAddr>>().ok_or("no peer address")?;
+//!         let subject = format!("client-ip:{}", peer.ip());
+//!         Ok(hasher.hash_for(policy, subject.as_bytes()).into_unbound_subject_key())
+//!     };
+//!
+//!     let reject = |rejection: RateLimitRejection<FixedWindowPolicy, &'static str, L::CheckError>| -> Response {
+//!         match rejection {
+//!             RateLimitRejection::Denied { denial: Denial::QuotaExceeded(quota), .. } => {
+//!                 let seconds = quota.retry_after().seconds().to_string();
+//!                 (StatusCode::TOO_MANY_REQUESTS, [(RETRY_AFTER, seconds)], "slow down").into_response()
+//!             }
+//!             RateLimitRejection::Extraction { .. } => StatusCode::BAD_REQUEST.into_response(),
+//!             RateLimitRejection::Denied { denial: Denial::StorageCapacity { .. }, .. }
+//!             | RateLimitRejection::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+//!         }
+//!     };
+//!
+//!     Ok(Router::new()
+//!         .route("/login", post(login))
+//!         .route_layer(RateLimitLayer::new(limiter, client, client_key, reject)))
+//! }
+//!
+//! async fn login(Extension(admissions): Extension<Admissions>) -> String {
+//!     format!("admitted by {} gate(s)", admissions.len())
+//! }
+//! # let _ = router::<runlimit_core_test_limiter::Never>;
+//! # mod runlimit_core_test_limiter {
+//! #     use runlimit_core::{BatchDecision, Check, Decision, FixedWindowPolicy, Limiter};
+//! #     pub struct Never;
+//! #     impl Limiter for Never {
+//! #         type Policy = FixedWindowPolicy;
+//! #         type CheckError = std::io::Error;
+//! #         type CheckAllError = std::io::Error;
+//! #         async fn check(&self, _: &Check<'_, FixedWindowPolicy>) -> Result<Decision, std::io::Error> {
+//! #             Err(std::io::Error::other("unused"))
+//! #         }
+//! #         async fn check_all(&self, _: &[Check<'_, FixedWindowPolicy>]) -> Result<BatchDecision, std::io::Error> {
+//! #             Err(std::io::Error::other("unused"))
+//! #         }
+//! #     }
+//! # }
+//! ```
+//!
+//! Serve such a router with `into_make_service_with_connect_info::<SocketAddr>()` so that
+//! `ConnectInfo` is present. Deriving the client from forwarding headers is only correct
+//! behind a proxy the application trusts, and is the application's decision.
+//!
+//! # Ordering
+//!
+//! Each layer is one gate with one policy; stack layers for several gates. In axum, the
+//! layer added *last* runs *first* (`.layer(a).layer(b)` runs `b`, then `a`); in a
+//! `tower::ServiceBuilder`, the layer added *first* runs first. Put the cheap,
+//! hard-bounded per-client memory gate outermost, so it protects body parsing and database
+//! capacity, and the shared per-identity gate inside it. An outer gate that denies stops the
+//! request before any inner gate is checked or consumes anything.
+//!
+//! Use [`Router::route_layer`] for a per-route gate so unmatched paths (404) consume no
+//! quota; [`Router::layer`] also gates the fallback.
+//!
+//! # Passing admissions to handlers
+//!
+//! Every layer that admits a request (allowed or shadow-denied) appends an [`Admission`] —
+//! its policy and the [`Admitted`](runlimit_core::Admitted) outcome — to the request's
+//! [`Admissions`] extension, in the order the layers ran. A handler reads it with
+//! `Extension<Admissions>` and looks up a gate with
+//! [`admissions.get(&policy)`](Admissions::get), for example to emit `RateLimit` fields:
+//!
+//! ```
+//! use axum::{http::HeaderMap, Extension};
+//! use runlimit_axum::Admissions;
+//! use runlimit_http::draft_11::{PolicyName, RateLimitFields};
+//!
+//! async fn handler(Extension(admissions): Extension<Admissions>) -> (HeaderMap, &'static str) {
+//!     let mut fields = RateLimitFields::new();
+//!     for admission in &admissions {
+//!         let name = PolicyName::from(admission.policy().id());
+//!         // A policy whose window is not whole seconds is simply not disclosed.
+//!         let _ = fields.push(name, &**admission.policy(), admission.decision());
+//!     }
+//!     let mut headers = HeaderMap::new();
+//!     fields.insert_into(&mut headers);
+//!     (headers, "ok")
+//! }
+//! # let _ = handler;
+//! ```
+//!
+//! A rejected request never reaches the handler; its mapper receives the policy in every
+//! [`RateLimitRejection`] variant instead.
+//!
+//! # What the adapter never does
+//!
+//! It does not read `Forwarded`, `X-Forwarded-For`, `ConnectInfo`, cookies or identities;
+//! only the application's extractor sees the request head. It does not choose a status,
+//! body or header for any rejection, does not wait for quota in `poll_ready` (a denial is a
+//! response, not back-pressure), and never reads the request body before admission.
+//!
+//! # Cost
+//!
+//! One heap allocation per checked request: the limiter's future is an unnameable
+//! `impl Future` that borrows the layer's policy, so it is boxed with the layer state it
+//! borrows. Rejections by the extractor allocate nothing.
+//!
+//! # Feature flags
+//!
+//! | Feature | Default | What it enables |
+//! |---|---|---|
+//! | — | — | This crate has no optional features; it depends on `tower-layer`, `tower-service` and `http`, not on `axum` itself. |
+//!
+//! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
+//! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![doc(test(attr(deny(warnings))))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod admission;
+mod extract;
+mod future;
+mod layer;
+mod rejection;
+mod service;
+
+pub use crate::admission::{Admission, Admissions};
+pub use crate::extract::ExtractSubjectKey;
+pub use crate::future::ResponseFuture;
+pub use crate::layer::RateLimitLayer;
+pub use crate::rejection::{MapRejection, RateLimitRejection};
+pub use crate::service::RateLimit;

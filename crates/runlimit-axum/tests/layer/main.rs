@@ -1,0 +1,6 @@
+//! runlimit-axum: `Router::oneshot` and `ServiceBuilder` tests, and real HTTP over loopback.
+
+mod real_http;
+mod router;
+mod service;
+mod support;
