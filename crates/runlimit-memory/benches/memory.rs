@@ -1,0 +1,2 @@
+//! Placeholder; replaced by the criterion benchmark.
+fn main() {}

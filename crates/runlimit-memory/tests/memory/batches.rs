@@ -1,0 +1,178 @@
+//! Atomic batches: all or nothing, input order, structural rejections before any work.
+
+use std::time::Duration;
+
+use runlimit_core::{BatchDecisionView, BatchError, Check, Delay, Denial, QuotaDenial, QuotaMode};
+use runlimit_memory::{
+    GcraBatchError, GcraStore, ManualClock, MemoryBatchError, MemoryStore, MemoryStoreConfig,
+};
+
+use crate::support::{allowed, batch_allowed, batch_denied, fixed, gcra, quota_denied, subject};
+
+fn store(config: MemoryStoreConfig) -> (MemoryStore<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    (MemoryStore::builder(config).with_clock(clock.clone()).build(), clock)
+}
+
+#[test]
+fn an_allowed_batch_consumes_every_check_and_keeps_input_order() {
+    let (store, clock) = store(MemoryStoreConfig::new(10).unwrap());
+    let client = fixed("login.client", 40, 60_000);
+    let identity = fixed("login.identity", 8, 30_000);
+    let checks = [Check::new(subject(&client, 1)), Check::new(subject(&identity, 2))];
+    assert_eq!(batch_allowed(&store.check_all(&checks).unwrap()), [(39, 60_000), (7, 30_000)]);
+    clock.advance_millis(1_000);
+    let reversed = [checks[1], checks[0]];
+    assert_eq!(batch_allowed(&store.check_all(&reversed).unwrap()), [(6, 29_000), (38, 59_000)]);
+}
+
+#[test]
+fn a_denied_batch_names_the_first_denied_index_and_consumes_nothing() {
+    let (store, clock) = store(MemoryStoreConfig::new(10).unwrap());
+    let roomy = fixed("roomy", 5, 1_000);
+    let tight = fixed("tight", 1, 1_000);
+    let a = Check::new(subject(&roomy, 1));
+    let b = Check::new(subject(&tight, 1));
+    let c = Check::new(subject(&roomy, 2));
+    assert_eq!(allowed(&store.check(&b).unwrap()), (0, 1_000));
+    clock.advance_millis(250);
+    let decision = store.check_all(&[a, b, c]).unwrap();
+    let quota = QuotaDenial::new(tight.limit(), Delay::from_millis(750));
+    assert_eq!(batch_denied(&decision), (1, 3, Denial::QuotaExceeded(quota)));
+    assert!(!decision.permits_request());
+    // Nothing consumed: a's and c's first checks anchor fresh windows now.
+    assert_eq!(allowed(&store.check(&a).unwrap()), (4, 1_000));
+    assert_eq!(allowed(&store.check(&c).unwrap()), (4, 1_000));
+    assert_eq!(store.stats().entries(), 3);
+}
+
+#[test]
+fn a_shadow_denied_batch_admits_and_consumes_nothing() {
+    let (store, _clock) = store(MemoryStoreConfig::new(10).unwrap());
+    let first = fixed("first", 3, 1_000).with_quota_mode(QuotaMode::Shadow);
+    let second = fixed("second", 1, 1_000).with_quota_mode(QuotaMode::Shadow);
+    let a = Check::new(subject(&first, 1));
+    let b = Check::new(subject(&second, 1));
+    assert_eq!(batch_allowed(&store.check_all(&[a, b]).unwrap()), [(2, 1_000), (0, 1_000)]);
+    let decision = store.check_all(&[a, b]).unwrap();
+    assert!(decision.permits_request());
+    let BatchDecisionView::ShadowDenied { index, batch_size, denial } = decision.view() else {
+        panic!("{decision:?}")
+    };
+    assert_eq!((index, batch_size, denial.capacity().get(), denial.retry_after().millis()), (1, 2, 1, 1_000));
+    assert_eq!(
+        allowed(&store.check(&a).unwrap()),
+        (1, 1_000),
+        "the shadow-denied batch did not consume check 0"
+    );
+}
+
+#[test]
+fn structural_errors_are_rejected_before_any_work() {
+    let config = MemoryStoreConfig::new(10).unwrap().with_maximum_batch_size(3).unwrap();
+    let (store, _clock) = store(config);
+    let enforced = fixed("p", 5, 1_000);
+    let shadow = fixed("q", 5, 1_000).with_quota_mode(QuotaMode::Shadow);
+    let a = Check::new(subject(&enforced, 1));
+    let b = Check::new(subject(&enforced, 2));
+    let s = Check::new(subject(&shadow, 1));
+
+    let empty = store.check_all(&[]).unwrap_err();
+    assert_eq!(empty, MemoryBatchError::InvalidBatch { source: BatchError::EmptyBatch });
+    assert_eq!(empty.to_string(), "invalid batch");
+    assert_eq!(std::error::Error::source(&empty).unwrap().to_string(), "empty batch");
+    assert_eq!(
+        store.check_all(&[a, b, a, b]).unwrap_err(),
+        MemoryBatchError::InvalidBatch { source: BatchError::TooManyChecks { batch_size: 4, maximum: 3 } }
+    );
+    assert_eq!(
+        store.check_all(&[a, s]).unwrap_err(),
+        MemoryBatchError::InvalidBatch {
+            source: BatchError::MixedQuotaModes { index: 1, mode: QuotaMode::Shadow }
+        }
+    );
+    assert_eq!(
+        store.check_all(&[a, b, a]).unwrap_err(),
+        MemoryBatchError::InvalidBatch {
+            source: BatchError::DuplicateCounterKey { first_index: 0, duplicate_index: 2 }
+        }
+    );
+    assert_eq!(store.stats().entries(), 0, "no rejected batch stored anything");
+}
+
+#[test]
+fn a_batch_larger_than_its_shard_can_ever_hold_is_a_structural_error() {
+    let (store, _clock) = store(MemoryStoreConfig::new(2).unwrap());
+    let policy = fixed("p", 5, 1_000);
+    let checks: Vec<_> = (0..3).map(|n| Check::new(subject(&policy, n))).collect();
+    let error = store.check_all(&checks).unwrap_err();
+    assert_eq!(
+        error,
+        MemoryBatchError::BatchExceedsShardCapacity { shard_index: 0, key_count: 3, capacity: 2 }
+    );
+    assert_eq!(error.to_string(), "batch targets 3 keys in shard 0, which holds at most 2");
+    assert_eq!(batch_allowed(&store.check_all(&checks[..2]).unwrap()).len(), 2);
+}
+
+#[test]
+fn storage_denials_take_precedence_over_shadow_denials_and_report_retry() {
+    let (store, clock) = store(MemoryStoreConfig::new(2).unwrap());
+    let shadow = fixed("p", 1, 1_000).with_quota_mode(QuotaMode::Shadow);
+    let exhausted = Check::new(subject(&shadow, 1));
+    store.check(&exhausted).unwrap();
+    clock.advance_millis(300);
+    store.check(&Check::new(subject(&shadow, 2))).unwrap();
+    clock.advance_millis(100);
+    // Check 0 would be shadow-denied; check 1 is a new key for a full shard.
+    let decision = store.check_all(&[exhausted, Check::new(subject(&shadow, 3))]).unwrap();
+    assert_eq!(
+        batch_denied(&decision),
+        (1, 2, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(600)) })
+    );
+    assert!(!decision.permits_request());
+}
+
+#[test]
+fn enforced_batch_reports_the_earliest_index_whatever_the_reason() {
+    let (store, _clock) = store(MemoryStoreConfig::new(2).unwrap());
+    let policy = fixed("p", 1, 1_000);
+    let a = Check::new(subject(&policy, 1));
+    store.check(&a).unwrap();
+    store.check(&Check::new(subject(&policy, 2))).unwrap();
+    let new_key = Check::new(subject(&policy, 3));
+    let (index, _, denial) = batch_denied(&store.check_all(&[new_key, a]).unwrap());
+    assert_eq!(
+        (index, denial),
+        (0, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(1_000)) })
+    );
+    let (index, _, denial) = batch_denied(&store.check_all(&[a, new_key]).unwrap());
+    assert_eq!(
+        (index, denial),
+        (0, Denial::QuotaExceeded(QuotaDenial::new(policy.limit(), Delay::from_millis(1_000))))
+    );
+}
+
+#[test]
+fn gcra_batches_commit_together() {
+    let clock = ManualClock::new();
+    let store = GcraStore::builder(MemoryStoreConfig::new(10).unwrap()).with_clock(clock.clone()).build();
+    let fast = gcra("fast", 10, 1_000, 20);
+    let slow = gcra("slow", 1, 60_000, 1);
+    let a = Check::new(subject(&fast, 1));
+    let b = Check::new(subject(&slow, 1));
+    assert_eq!(batch_allowed(&store.check_all(&[a, b]).unwrap()), [(19, 100), (0, 60_000)]);
+    clock.set(Duration::from_millis(1));
+    let (index, size, denial) = batch_denied(&store.check_all(&[a, b]).unwrap());
+    assert_eq!((index, size), (1, 2));
+    assert_eq!(
+        denial,
+        Denial::QuotaExceeded(QuotaDenial::new(slow.burst_capacity(), Delay::from_millis(59_999)))
+    );
+    // The fast policy was not consumed by the denied batch: still 19 left after one hit at 0 ms.
+    assert_eq!(allowed(&store.check(&a).unwrap()), (18, 199));
+    assert_eq!(quota_denied(&store.check(&b).unwrap()), (1, 59_999));
+    assert_eq!(
+        store.check_all(&[]).unwrap_err(),
+        GcraBatchError::Store { source: MemoryBatchError::InvalidBatch { source: BatchError::EmptyBatch } }
+    );
+}

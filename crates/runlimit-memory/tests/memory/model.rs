@@ -1,0 +1,329 @@
+//! Property tests: random sequences of checks, batches and clock advances, driven through a
+//! store and through a plain reference model (a `HashMap` from key to state: no shards, no
+//! index, no cleanup), comparing every decision and every error.
+//!
+//! The model implements the rules from their definitions: fixed windows directly, GCRA from
+//! the scaled-integer formulas of `gcra.md` §3 (not through `runlimit_core::gcra`). Capacity
+//! is modelled as "a new key fits while fewer than `max_keys` stored keys are live"; the
+//! bounded store is configured with a cleanup bound above the key universe, so its bounded
+//! cleanup must find every expired entry and report the exact earliest expiry.
+
+use std::{collections::HashMap, time::Duration};
+
+use proptest::prelude::*;
+use runlimit_core::{
+    Allowance, BatchDecision, BatchError, Check, Decision, Delay, Denial, FixedWindowPolicy, GcraPolicy,
+    QuotaDenial, QuotaMode, RateLimitPolicy,
+};
+use runlimit_memory::{
+    GcraBatchError, GcraStore, ManualClock, MemoryBatchError, MemoryStore, MemoryStoreConfig,
+};
+
+use crate::support::{fixed, gcra, subject};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Advance(u64),
+    Check(usize, u64),
+    Batch(Vec<(usize, u64)>),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        // Small steps, large steps, and exact window/emission multiples that land on deadlines.
+        3 => prop_oneof![0u64..50, 0u64..700, prop::sample::select(vec![1u64, 250, 333, 334, 700, 1_000, 2_000])]
+            .prop_map(Op::Advance),
+        4 => (0usize..3, 0u64..4).prop_map(|(policy, subject)| Op::Check(policy, subject)),
+        3 => proptest::collection::vec((0usize..3, 0u64..4), 0..=5).prop_map(Op::Batch),
+    ];
+    proptest::collection::vec(op, 1..80)
+}
+
+/// One algorithm's rule: `Ok((available, replenish ms, new state))` or `Err(retry ms)`.
+type Evaluate<P, S> = fn(&P, Option<S>, u64) -> Result<(u64, u64, S), u64>;
+
+/// One algorithm's model.
+struct Model<'a, P, S> {
+    policies: &'a [P; 3],
+    evaluate: Evaluate<P, S>,
+    expiry: fn(&P, S) -> u64,
+    /// `None`: unbounded.
+    capacity: Option<usize>,
+    states: HashMap<(usize, u64), S>,
+}
+
+/// Policies 0 and 2 are the same policy in different quota modes: one counter.
+fn group(policy: usize) -> usize {
+    if policy == 2 { 0 } else { policy }
+}
+
+impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
+    fn live(&self, key: (usize, u64), now: u64) -> Option<S> {
+        let policy = &self.policies[key.0];
+        self.states.get(&key).copied().filter(|&state| (self.expiry)(policy, state) > now)
+    }
+
+    fn live_expiries(&self, now: u64) -> Vec<u64> {
+        self.states
+            .iter()
+            .map(|(&(group, _), &state)| (self.expiry)(&self.policies[group], state))
+            .filter(|&at| at > now)
+            .collect()
+    }
+
+    /// Evaluates `checks` as one atomic operation; commits only when every check is allowed.
+    fn apply(&mut self, checks: &[(usize, u64)], now: u64) -> Result<Vec<Allowance>, (usize, Denial, bool)> {
+        let mode = self.policies[checks[0].0].quota_mode();
+        let free = self.capacity.map(|capacity| capacity.saturating_sub(self.live_expiries(now).len()));
+        let mut new_keys = 0;
+        let mut enforced = None;
+        let mut shadowed = None;
+        let mut results = Vec::new();
+        for (index, &(policy_index, subject)) in checks.iter().enumerate() {
+            let policy = &self.policies[policy_index];
+            let key = (group(policy_index), subject);
+            let live = self.live(key, now);
+            let capacity = policy.capacity();
+            match (self.evaluate)(policy, live, now) {
+                Ok((available, replenish, state)) => {
+                    if live.is_none() {
+                        new_keys += 1;
+                        if free.is_some_and(|free| new_keys > free) && enforced.is_none() {
+                            let earliest = self.live_expiries(now).into_iter().min().unwrap();
+                            let retry = Some(Delay::from_millis(earliest - now));
+                            enforced = Some((index, Denial::StorageCapacity { retry_after: retry }));
+                        }
+                    }
+                    let allowance =
+                        Allowance::new(capacity, available, Delay::from_millis(replenish)).unwrap();
+                    results.push((key, allowance, state));
+                }
+                Err(retry) => {
+                    let denial = QuotaDenial::new(capacity, Delay::from_millis(retry));
+                    match mode {
+                        QuotaMode::Enforce if enforced.is_none() => {
+                            enforced = Some((index, Denial::QuotaExceeded(denial)));
+                        }
+                        QuotaMode::Shadow if shadowed.is_none() => {
+                            shadowed = Some((index, Denial::QuotaExceeded(denial)));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        if let Some((index, denial)) = enforced {
+            return Err((index, denial, false));
+        }
+        if let Some((index, denial)) = shadowed {
+            return Err((index, denial, true));
+        }
+        Ok(results
+            .into_iter()
+            .map(|(key, allowance, state)| {
+                self.states.insert(key, state);
+                allowance
+            })
+            .collect())
+    }
+
+    fn check(&mut self, check: (usize, u64), now: u64) -> Decision {
+        match self.apply(&[check], now) {
+            Ok(allowances) => Decision::allowed(allowances[0]),
+            Err((_, Denial::QuotaExceeded(denial), true)) => Decision::shadow_denied(denial),
+            Err((_, denial, _)) => Decision::denied(denial),
+        }
+    }
+
+    fn check_all(&mut self, checks: &[(usize, u64)], now: u64) -> Result<BatchDecision, BatchError> {
+        if checks.is_empty() {
+            return Err(BatchError::EmptyBatch);
+        }
+        if checks.len() > 4 {
+            return Err(BatchError::TooManyChecks { batch_size: checks.len(), maximum: 4 });
+        }
+        let mode = self.policies[checks[0].0].quota_mode();
+        if let Some(index) = checks.iter().position(|&(policy, _)| self.policies[policy].quota_mode() != mode)
+        {
+            let mode = self.policies[checks[index].0].quota_mode();
+            return Err(BatchError::MixedQuotaModes { index, mode });
+        }
+        for later in 1..checks.len() {
+            let key = |index: usize| (group(checks[index].0), checks[index].1);
+            if let Some(first) = (0..later).find(|&earlier| key(earlier) == key(later)) {
+                return Err(BatchError::DuplicateCounterKey { first_index: first, duplicate_index: later });
+            }
+        }
+        let size = checks.len();
+        Ok(match self.apply(checks, now) {
+            Ok(allowances) => BatchDecision::allowed(allowances).unwrap(),
+            Err((index, Denial::QuotaExceeded(denial), true)) => {
+                BatchDecision::shadow_denied(index, size, denial).unwrap()
+            }
+            Err((index, denial, _)) => BatchDecision::denied(index, size, denial).unwrap(),
+        })
+    }
+}
+
+/// Drives `ops` through the store (via the closures) and the model, comparing every result.
+fn drive<P: RateLimitPolicy, S: Copy>(
+    model: &mut Model<'_, P, S>,
+    clock: &ManualClock,
+    ops: &[Op],
+    store_check: impl Fn(&Check<'_, P>) -> Decision,
+    store_check_all: impl Fn(&[Check<'_, P>]) -> Result<BatchDecision, BatchError>,
+) -> Result<(), TestCaseError> {
+    let policies = model.policies;
+    let mut now = 0u64;
+    for (step, op) in ops.iter().enumerate() {
+        match op {
+            Op::Advance(by) => {
+                now += by;
+                clock.set(Duration::from_millis(now));
+            }
+            &Op::Check(policy, n) => {
+                let actual = store_check(&Check::new(subject(&policies[policy], n)));
+                let expected = model.check((policy, n), now);
+                prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
+            }
+            Op::Batch(batch) => {
+                let checks: Vec<_> =
+                    batch.iter().map(|&(policy, n)| Check::new(subject(&policies[policy], n))).collect();
+                let actual = store_check_all(&checks);
+                let expected = model.check_all(batch, now);
+                prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fixed_policies() -> [FixedWindowPolicy; 3] {
+    let base = fixed("model.a", 2, 1_000);
+    [base.clone(), fixed("model.b", 3, 250), base.with_quota_mode(QuotaMode::Shadow)]
+}
+
+/// Fixed window from its definition: `(deadline, used)`.
+fn fixed_evaluate(
+    policy: &FixedWindowPolicy,
+    live: Option<(u64, u64)>,
+    now: u64,
+) -> Result<(u64, u64, (u64, u64)), u64> {
+    let limit = policy.limit().get();
+    match live {
+        None => {
+            let deadline = now + policy.window().as_millis();
+            Ok((limit - 1, deadline - now, (deadline, 1)))
+        }
+        Some((deadline, used)) if used < limit => {
+            Ok((limit - used - 1, deadline - now, (deadline, used + 1)))
+        }
+        Some((deadline, _)) => Err(deadline - now),
+    }
+}
+
+fn gcra_policies() -> [GcraPolicy; 3] {
+    let base = gcra("model.a", 3, 1_000, 2);
+    [base.clone(), gcra("model.b", 1, 700, 3), base.with_quota_mode(QuotaMode::Shadow)]
+}
+
+/// GCRA from `gcra.md` §3: state is the scaled arrival time (ms × Q).
+fn gcra_evaluate(policy: &GcraPolicy, tat: Option<u128>, now: u64) -> Result<(u64, u64, u128), u64> {
+    let q = u128::from(policy.quota().get());
+    let p = u128::from(policy.period().as_millis());
+    let b = u128::from(policy.burst_capacity().get());
+    let now_s = u128::from(now) * q;
+    let base = tat.map_or(now_s, |tat| tat.max(now_s));
+    let cand = base + p;
+    let ceiling = now_s + b * p;
+    let narrow = |value: u128| u64::try_from(value).unwrap();
+    if cand <= ceiling {
+        Ok((narrow((ceiling - cand) / p), narrow((cand - now_s).div_ceil(q)), cand))
+    } else {
+        Err(narrow((cand - ceiling).div_ceil(q)))
+    }
+}
+
+fn gcra_expiry(policy: &GcraPolicy, tat: u128) -> u64 {
+    u64::try_from(tat.div_ceil(u128::from(policy.quota().get()))).unwrap()
+}
+
+fn bounded_config() -> MemoryStoreConfig {
+    MemoryStoreConfig::new(5)
+        .and_then(|c| c.with_expired_removals_per_check(64))
+        .and_then(|c| c.with_maximum_batch_size(4))
+        .unwrap()
+}
+
+fn sharded_config() -> MemoryStoreConfig {
+    MemoryStoreConfig::new(1_000)
+        .and_then(|c| c.with_shard_count(4))
+        .and_then(|c| c.with_maximum_batch_size(4))
+        .unwrap()
+}
+
+fn memory_error(error: MemoryBatchError) -> BatchError {
+    match error {
+        MemoryBatchError::InvalidBatch { source } => source,
+        other => panic!("unexpected store error {other:?}"),
+    }
+}
+
+fn gcra_error(error: GcraBatchError) -> BatchError {
+    match error {
+        GcraBatchError::Store { source } => memory_error(source),
+        other => panic!("unexpected store error {other:?}"),
+    }
+}
+
+fn run_fixed(config: MemoryStoreConfig, capacity: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder(config).with_clock(clock.clone()).build();
+    let policies = fixed_policies();
+    let mut model = Model {
+        policies: &policies,
+        evaluate: fixed_evaluate,
+        expiry: |_, (deadline, _)| deadline,
+        capacity,
+        states: HashMap::new(),
+    };
+    drive(&mut model, &clock, ops, |c| store.check(c).unwrap(), |c| store.check_all(c).map_err(memory_error))
+}
+
+fn run_gcra(config: MemoryStoreConfig, capacity: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let store = GcraStore::builder(config).with_clock(clock.clone()).build();
+    let policies = gcra_policies();
+    let mut model = Model {
+        policies: &policies,
+        evaluate: gcra_evaluate,
+        expiry: gcra_expiry,
+        capacity,
+        states: HashMap::new(),
+    };
+    drive(&mut model, &clock, ops, |c| store.check(c).unwrap(), |c| store.check_all(c).map_err(gcra_error))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fixed_window_store_matches_the_model_under_capacity_pressure(ops in ops()) {
+        run_fixed(bounded_config(), Some(5), &ops)?;
+    }
+
+    #[test]
+    fn fixed_window_store_matches_the_model_across_shards(ops in ops()) {
+        run_fixed(sharded_config(), None, &ops)?;
+    }
+
+    #[test]
+    fn gcra_store_matches_the_model_under_capacity_pressure(ops in ops()) {
+        run_gcra(bounded_config(), Some(5), &ops)?;
+    }
+
+    #[test]
+    fn gcra_store_matches_the_model_across_shards(ops in ops()) {
+        run_gcra(sharded_config(), None, &ops)?;
+    }
+}
