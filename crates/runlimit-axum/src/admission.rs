@@ -25,7 +25,9 @@ impl Admission {
     }
 
     /// The policy the layer evaluated (its configured policy, not one chosen by the key
-    /// extractor).
+    /// extractor). `Arc<dyn RateLimitPolicy>` implements
+    /// [`RateLimitPolicy`] itself, so it can be passed as is to code generic over policies,
+    /// such as `runlimit-http`'s `RateLimitFields::push`.
     #[must_use]
     pub fn policy(&self) -> &Arc<dyn RateLimitPolicy> {
         &self.policy

@@ -94,8 +94,8 @@
 //! capacity, and the shared per-identity gate inside it. An outer gate that denies stops the
 //! request before any inner gate is checked or consumes anything.
 //!
-//! Use [`Router::route_layer`] for a per-route gate so unmatched paths (404) consume no
-//! quota; [`Router::layer`] also gates the fallback.
+//! Use axum's `Router::route_layer` for a per-route gate so unmatched paths (404) consume no
+//! quota; `Router::layer` also gates the fallback.
 //!
 //! # Passing admissions to handlers
 //!
@@ -115,7 +115,7 @@
 //!     for admission in &admissions {
 //!         let name = PolicyName::from(admission.policy().id());
 //!         // A policy whose window is not whole seconds is simply not disclosed.
-//!         let _ = fields.push(name, &**admission.policy(), admission.decision());
+//!         let _ = fields.push(name, admission.policy(), admission.decision());
 //!     }
 //!     let mut headers = HeaderMap::new();
 //!     fields.insert_into(&mut headers);
@@ -145,9 +145,6 @@
 //! | Feature | Default | What it enables |
 //! |---|---|---|
 //! | — | — | This crate has no optional features; it depends on `tower-layer`, `tower-service` and `http`, not on `axum` itself. |
-//!
-//! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
-//! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]

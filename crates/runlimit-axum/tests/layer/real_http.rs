@@ -8,9 +8,9 @@ use std::{
     },
 };
 
-use axum::{Router, body::Body, extract::ConnectInfo, routing::post};
+use axum::{Router, body::Body, routing::post};
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, request::Parts};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::{
@@ -18,30 +18,18 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use runlimit_axum::RateLimitLayer;
-use runlimit_core::{FixedWindowPolicy, SubjectKey};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tower::util::MapRequestLayer;
 
-use crate::support::{
-    Calls, CountingBody, MissingHeader, TestLimiter, handler, hasher, identity_header, policy, reject,
-};
+use crate::support::{Calls, CountingBody, TestLimiter, handler, identity_header, peer, policy, reject};
 
-/// The application's client extractor for these tests: the socket peer address from
-/// `ConnectInfo`, which the application chose to trust (no forwarding headers).
-fn peer(parts: &Parts, policy: &FixedWindowPolicy) -> Result<SubjectKey, MissingHeader> {
-    let ConnectInfo(address) =
-        parts.extensions.get::<ConnectInfo<SocketAddr>>().ok_or(MissingHeader("peer address"))?;
-    let subject = format!("client-ip:{}", address.ip());
-    Ok(hasher().hash_for(policy, subject.as_bytes()).into_unbound_subject_key())
-}
-
-struct Server {
+pub(crate) struct Server {
     address: SocketAddr,
     task: JoinHandle<()>,
 }
 
 impl Server {
-    async fn start(app: Router) -> Self {
+    pub(crate) async fn start(app: Router) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -50,7 +38,7 @@ impl Server {
         Self { address, task }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/login", self.address)
     }
 }
@@ -61,11 +49,11 @@ impl Drop for Server {
     }
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-async fn post_text(
+pub(crate) async fn post_text(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
     identity: Option<&str>,
@@ -81,7 +69,7 @@ async fn post_text(
     (Response::from_parts(parts, ()), String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-fn header_names(response: &Response<()>) -> Vec<&str> {
+pub(crate) fn header_names(response: &Response<()>) -> Vec<&str> {
     let mut names: Vec<&str> = response.headers().keys().map(|name| name.as_str()).collect();
     names.sort_unstable();
     names

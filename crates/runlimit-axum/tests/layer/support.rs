@@ -5,6 +5,7 @@ use std::{
     collections::HashMap,
     convert::Infallible,
     fmt,
+    net::SocketAddr,
     pin::Pin,
     sync::{
         Arc, Mutex,
@@ -17,7 +18,7 @@ use std::{
 use axum::{
     Extension,
     body::Body,
-    extract::State,
+    extract::{ConnectInfo, State},
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
@@ -168,24 +169,33 @@ pub(crate) fn identity_header(
     Ok(hasher().hash_for(policy, &value.as_bytes().to_ascii_lowercase()).into_unbound_subject_key())
 }
 
-pub(crate) type Rejection = RateLimitRejection<FixedWindowPolicy, MissingHeader, BackendDown>;
+/// The socket peer address from `ConnectInfo`, which these tests' application chose to trust
+/// (no forwarding headers).
+pub(crate) fn peer<P: RateLimitPolicy>(parts: &Parts, policy: &P) -> Result<SubjectKey, MissingHeader> {
+    let ConnectInfo(address) =
+        parts.extensions.get::<ConnectInfo<SocketAddr>>().ok_or(MissingHeader("peer address"))?;
+    let subject = format!("client-ip:{}", address.ip());
+    Ok(hasher().hash_for(policy, subject.as_bytes()).into_unbound_subject_key())
+}
 
-pub(crate) fn name_of(policy: &dyn RateLimitPolicy) -> PolicyName {
+pub(crate) fn name_of<P: RateLimitPolicy + ?Sized>(policy: &P) -> PolicyName {
     PolicyName::new(&format!("{}-{}", policy.id(), policy.scope())).unwrap()
 }
 
 /// The application's mapper: 400 for missing metadata, 429 problem details with
 /// `Retry-After` and RateLimit fields for quota, 503 for storage and backend failures.
-pub(crate) fn reject(rejection: Rejection) -> Response {
+pub(crate) fn reject<P: RateLimitPolicy, C: fmt::Display>(
+    rejection: RateLimitRejection<P, MissingHeader, C>,
+) -> Response {
     match rejection {
         RateLimitRejection::Extraction { error: MissingHeader(header), .. } => {
             (StatusCode::BAD_REQUEST, format!("missing {header}")).into_response()
         }
         RateLimitRejection::Denied { policy, denial: Denial::QuotaExceeded(quota) } => {
-            let name = name_of(&*policy);
+            let name = name_of(&policy);
             let mut headers = HeaderMap::new();
             let mut fields = RateLimitFields::new();
-            fields.push(name.clone(), &*policy, quota).unwrap();
+            fields.push(name.clone(), &policy, quota).unwrap();
             fields.insert_into(&mut headers);
             headers.insert(RETRY_AFTER, HeaderValue::from(quota.retry_after().seconds()));
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
@@ -241,7 +251,7 @@ pub(crate) async fn handler(
     let mut summary = Vec::new();
     for admission in &admissions {
         let policy = admission.policy();
-        fields.push(name_of(&**policy), &**policy, admission.decision()).unwrap();
+        fields.push(name_of(&**policy), policy, admission.decision()).unwrap();
         summary.push(format!("{}={}", policy.scope(), describe(admission.decision())));
     }
     let mut headers = HeaderMap::new();
