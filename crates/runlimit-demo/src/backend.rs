@@ -1,0 +1,227 @@
+//! Runtime backend selection: application enums implementing [`Limiter`].
+//!
+//! `Limiter` is not object-safe (its methods return `impl Future`), so runtime selection is
+//! an application-owned enum whose `Limiter` implementation dispatches to the chosen
+//! backend, as the Runlimit documentation recommends. Each enum has its own error types
+//! listing every backend's failure as a named variant.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use runlimit_core::{BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter};
+use runlimit_memory::{
+    GcraBatchError, GcraCheckError, GcraStore, MemoryBatchError, MemoryStore, MemoryStoreStats,
+    PoisonedShardError, SystemClock,
+};
+use serde::Serialize;
+
+use crate::observe::TracingObserver;
+
+/// The store of the per-client `login-client` gate: always process-local and hard-bounded.
+pub type ClientStore = MemoryStore<SystemClock, TracingObserver>;
+
+/// The backend of the `login-identity` gate.
+pub enum IdentityLimiter {
+    /// Process-local (no `--database-url`): each replica counts on its own.
+    Memory(MemoryStore<SystemClock, TracingObserver>),
+}
+
+/// Why the identity gate could not evaluate a check. The request is refused (503).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityCheckError {
+    /// A memory shard is poisoned.
+    #[error("memory identity store unavailable")]
+    Memory {
+        /// The store's error.
+        #[source]
+        source: PoisonedShardError,
+    },
+}
+
+/// Why the identity gate could not evaluate a batch (the demo only sends single checks; the
+/// batch path exists because [`Limiter`] requires it).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityBatchError {
+    /// The memory store rejected the batch.
+    #[error("memory identity store rejected the batch")]
+    Memory {
+        /// The store's error.
+        #[source]
+        source: MemoryBatchError,
+    },
+}
+
+impl Limiter for IdentityLimiter {
+    type Policy = FixedWindowPolicy;
+    type CheckError = IdentityCheckError;
+    type CheckAllError = IdentityBatchError;
+
+    async fn check(&self, check: &Check<'_, FixedWindowPolicy>) -> Result<Decision, IdentityCheckError> {
+        match self {
+            Self::Memory(store) => store.check(check).map_err(|source| IdentityCheckError::Memory { source }),
+        }
+    }
+
+    async fn check_all(
+        &self,
+        checks: &[Check<'_, FixedWindowPolicy>],
+    ) -> Result<BatchDecision, IdentityBatchError> {
+        match self {
+            Self::Memory(store) => {
+                store.check_all(checks).map_err(|source| IdentityBatchError::Memory { source })
+            }
+        }
+    }
+}
+
+impl fmt::Debug for IdentityLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Memory(_) => f.write_str("IdentityLimiter::Memory"),
+        }
+    }
+}
+
+/// The backend of the `items` GCRA gate.
+///
+/// Memory only for now. The seam for the PostgreSQL GCRA backend (issue 5,
+/// `runlimit_postgres::PostgresGcraLimiter`, which implements `Limiter<Policy = GcraPolicy>`)
+/// is this enum: add a `Postgres(PostgresGcraLimiter<TracingObserver>)` variant, its arms in
+/// the two `Limiter` methods and in [`Backends::readiness`], one error variant each in
+/// [`ItemsCheckError`] and [`ItemsBatchError`], and construct it in the server's backend
+/// setup when a database URL is given (after its `migrate()`).
+pub enum ItemsLimiter {
+    /// Process-local GCRA.
+    Memory(GcraStore<SystemClock, TracingObserver>),
+}
+
+/// Why the items gate could not evaluate a check. The request is refused (503).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ItemsCheckError {
+    /// The memory GCRA store failed.
+    #[error("memory gcra store unavailable")]
+    Memory {
+        /// The store's error.
+        #[source]
+        source: GcraCheckError,
+    },
+}
+
+/// Why the items gate could not evaluate a batch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ItemsBatchError {
+    /// The memory GCRA store rejected the batch.
+    #[error("memory gcra store rejected the batch")]
+    Memory {
+        /// The store's error.
+        #[source]
+        source: GcraBatchError,
+    },
+}
+
+impl Limiter for ItemsLimiter {
+    type Policy = GcraPolicy;
+    type CheckError = ItemsCheckError;
+    type CheckAllError = ItemsBatchError;
+
+    async fn check(&self, check: &Check<'_, GcraPolicy>) -> Result<Decision, ItemsCheckError> {
+        match self {
+            Self::Memory(store) => store.check(check).map_err(|source| ItemsCheckError::Memory { source }),
+        }
+    }
+
+    async fn check_all(&self, checks: &[Check<'_, GcraPolicy>]) -> Result<BatchDecision, ItemsBatchError> {
+        match self {
+            Self::Memory(store) => {
+                store.check_all(checks).map_err(|source| ItemsBatchError::Memory { source })
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ItemsLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Memory(_) => f.write_str("ItemsLimiter::Memory"),
+        }
+    }
+}
+
+/// Every limiter the demo checks, shared by the layers, the login handler and `/healthz`.
+#[derive(Clone, Debug)]
+pub struct Backends {
+    /// The `login-client` gate's store.
+    pub client: Arc<ClientStore>,
+    /// The `login-identity` gate's backend.
+    pub identity: Arc<IdentityLimiter>,
+    /// The `items` gate's backend.
+    pub items: Arc<ItemsLimiter>,
+}
+
+/// What `GET /healthz` answers, as JSON: `{"status":"ready","backend":"memory"}`, or
+/// `{"status":"unavailable","backend":"postgres","reason":"..."}` with 503.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// `"ready"` or `"unavailable"`.
+    pub status: &'static str,
+    /// The backend of the shared gates: `"memory"` or `"postgres"`.
+    pub backend: &'static str,
+    /// Why the service is unavailable; absent when ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Readiness {
+    /// True when every backend on the fail-closed path is usable.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.reason.is_none()
+    }
+
+    fn ready(backend: &'static str) -> Self {
+        Self { status: "ready", backend, reason: None }
+    }
+
+    fn unavailable(backend: &'static str, reason: String) -> Self {
+        Self { status: "unavailable", backend, reason: Some(reason) }
+    }
+}
+
+fn poisoned(stats: &MemoryStoreStats) -> usize {
+    stats.poisoned_shards()
+}
+
+impl Backends {
+    /// The backend label of the shared gates, `"memory"` or `"postgres"`.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match *self.identity {
+            IdentityLimiter::Memory(_) => "memory",
+        }
+    }
+
+    /// Readiness of every backend a request may need: no memory store may have a poisoned
+    /// shard (every admission touching one fails closed), and in PostgreSQL mode the database
+    /// must answer `SELECT 1` within `timeout`.
+    pub async fn readiness(&self, timeout: Duration) -> Readiness {
+        let _ = timeout;
+        let label = self.label();
+        let mut poisoned_shards = poisoned(&self.client.stats());
+        match &*self.identity {
+            IdentityLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
+        }
+        match &*self.items {
+            ItemsLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
+        }
+        if poisoned_shards > 0 {
+            return Readiness::unavailable(
+                label,
+                format!("{poisoned_shards} memory store shard(s) poisoned"),
+            );
+        }
+        Readiness::ready(label)
+    }
+}

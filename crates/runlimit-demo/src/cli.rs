@@ -1,0 +1,154 @@
+//! Command-line options.
+
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+};
+
+/// The demo's command-line options (`runlimit-demo --help`).
+///
+/// Every window and period is in whole seconds, which is what `RateLimit-Policy`'s `w`
+/// needs. Limits are validated when the policies are built ([`Gates::new`](crate::Gates::new)):
+/// counts must be between 1 and 999,999,999,999,999 (the RFC 9651 integer range the
+/// `RateLimit` fields can carry), windows between 1 s and Runlimit's `MAX_WINDOW`.
+///
+/// The HMAC key secret is deliberately not an option (command lines are visible to other
+/// local users); it comes from the `RUNLIMIT_KEY_SECRET` environment variable.
+#[derive(Clone, PartialEq, Eq, clap::Parser)]
+#[command(
+    name = "runlimit-demo",
+    version,
+    about = "Runlimit demo service: a login endpoint behind a per-client and a per-identity gate, \
+             and a GCRA-limited read endpoint",
+    long_about = "Runlimit demo service.\n\n\
+        POST /login {\"identity\": \"...\", \"password\": \"...\"} passes a per-client gate \
+        (memory, before the body is read) and a per-identity gate (normalized identity: trimmed, \
+        lowercased). GET /items is GCRA-limited per client. GET /healthz reports readiness.\n\n\
+        With no options everything is in memory. With --database-url (or DATABASE_URL) the \
+        identity gate moves to PostgreSQL (migrations applied at start) so replicas share it; \
+        the per-client gate stays in memory per process. The GCRA gate of /items also stays in \
+        memory for now: the PostgreSQL GCRA backend (PostgresGcraLimiter) does not exist yet.\n\n\
+        The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
+        ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
+        Logs go to stderr (RUST_LOG, default info); stdout gets one line once the server is \
+        bound: 'runlimit-demo listening on http://ADDR'."
+)]
+pub struct Args {
+    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL URL for the shared identity gate; without it everything is in memory.
+    #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// A proxy whose X-Forwarded-For is trusted: when the socket peer is this address, the
+    /// client is the rightmost X-Forwarded-For entry. Repeatable. Without it forwarding headers
+    /// are never read.
+    #[arg(long = "trusted-proxy", value_name = "IP")]
+    pub trusted_proxies: Vec<IpAddr>,
+
+    /// Login attempts allowed per client (IPv4 address or IPv6 /64) per client window.
+    #[arg(long, value_name = "N", default_value_t = 40)]
+    pub client_limit: u64,
+
+    /// The per-client login window, in whole seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub client_window_secs: u64,
+
+    /// Login attempts allowed per normalized identity per identity window.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub identity_limit: u64,
+
+    /// The per-identity login window, in whole seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub identity_window_secs: u64,
+
+    /// GET /items: units replenished per client per items period (GCRA quota).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub items_quota: u64,
+
+    /// GET /items: the GCRA period, in whole seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    pub items_period_secs: u64,
+
+    /// GET /items: the most requests a rested client may send at once (GCRA burst capacity).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub items_burst: u64,
+
+    /// Hard bound on keys held by each memory store (client, items, and the in-memory
+    /// identity gate each get their own store of this size).
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub memory_max_keys: usize,
+
+    /// Shards per memory store (more shards, less lock contention; capacity is split evenly).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub memory_shards: usize,
+
+    /// Most pooled PostgreSQL connections (with --database-url).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub database_max_connections: u32,
+
+    /// Seconds between bounded cleanups of expired PostgreSQL counter rows (with
+    /// --database-url).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub cleanup_interval_secs: u64,
+}
+
+impl fmt::Debug for Args {
+    /// Every option except the database URL, which may embed a password: only whether one is
+    /// set is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Args")
+            .field("listen", &self.listen)
+            .field("database_url", &self.database_url.as_ref().map(|_| "<redacted>"))
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("client_limit", &self.client_limit)
+            .field("client_window_secs", &self.client_window_secs)
+            .field("identity_limit", &self.identity_limit)
+            .field("identity_window_secs", &self.identity_window_secs)
+            .field("items_quota", &self.items_quota)
+            .field("items_period_secs", &self.items_period_secs)
+            .field("items_burst", &self.items_burst)
+            .field("memory_max_keys", &self.memory_max_keys)
+            .field("memory_shards", &self.memory_shards)
+            .field("database_max_connections", &self.database_max_connections)
+            .field("cleanup_interval_secs", &self.cleanup_interval_secs)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let args = Args::try_parse_from(["runlimit-demo"]).unwrap();
+        assert_eq!(args.listen, "127.0.0.1:3000".parse::<SocketAddr>().unwrap());
+        assert!(args.trusted_proxies.is_empty());
+        assert_eq!((args.client_limit, args.client_window_secs), (40, 60));
+        assert_eq!((args.identity_limit, args.identity_window_secs), (8, 600));
+        assert_eq!((args.items_quota, args.items_period_secs, args.items_burst), (10, 1, 20));
+    }
+
+    #[test]
+    fn debug_redacts_the_database_url() {
+        let args = Args::try_parse_from([
+            "runlimit-demo",
+            "--database-url",
+            "postgres://user:hunter2@db/x",
+            "--trusted-proxy",
+            "10.0.0.1",
+            "--trusted-proxy",
+            "::1",
+        ])
+        .unwrap();
+        let debug = format!("{args:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains(r#"database_url: Some("<redacted>")"#), "{debug}");
+        assert_eq!(args.trusted_proxies, ["10.0.0.1".parse::<IpAddr>().unwrap(), "::1".parse().unwrap()]);
+    }
+}

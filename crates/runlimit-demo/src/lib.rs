@@ -1,0 +1,122 @@
+//! The Runlimit demo service: an Axum server protecting a login endpoint and a read endpoint
+//! with Runlimit, in memory or (for the shared gates) on PostgreSQL.
+//!
+//! Run it with no setup:
+//!
+//! ```text
+//! cargo run --release -p runlimit-demo
+//! ```
+//!
+//! It prints one machine-readable line on stdout once bound,
+//! `runlimit-demo listening on http://127.0.0.1:3000`, logs to stderr, and stops gracefully on
+//! SIGINT or SIGTERM. `runlimit-demo --help` lists every option.
+//!
+//! # Routes
+//!
+//! | route | gates, in the order they run | answers |
+//! |---|---|---|
+//! | `POST /login` | `login-client` ([`RateLimitLayer`](runlimit_axum::RateLimitLayer), memory, before the body is read), then `login-identity` (in the handler, after the JSON body is parsed) | 200, 401, 400/413/415/422 for a bad body, 429, 503 |
+//! | `GET /items` | `items` (GCRA, [`RateLimitLayer`](runlimit_axum::RateLimitLayer) per client) | 200, 429, 503 |
+//! | `GET /healthz` | none | 200 ready / 503 unavailable, as JSON |
+//!
+//! `POST /login` takes `{"identity": "...", "password": "..."}` (at most
+//! [`LOGIN_BODY_LIMIT`] bytes). The demo users are a fixed in-memory table ([`DemoUsers`]),
+//! for example `alice@example.test` / `correct horse battery staple`.
+//!
+//! # The gates
+//!
+//! | name | policy id / scope | algorithm | subject | storage |
+//! |---|---|---|---|---|
+//! | `login-client` | `demo.login` / `client` | anchored fixed window | client network ([`ClientKey`]) | hard-bounded `MemoryStore`, always per process |
+//! | `login-identity` | `demo.login` / `identity` | anchored fixed window | normalized identity ([`normalize_identity`]) | `MemoryStore`; `PostgresLimiter` with `--database-url` |
+//! | `items` | `demo.items` / `client` | GCRA | client network ([`ClientKey`]) | `GcraStore` (see below) |
+//!
+//! The per-client `login-client` gate is the coarse, hard-bounded memory gate the Runlimit
+//! documentation recommends in front of body parsing and database acquisition: a flood from
+//! one client is refused before its body is read and before a pooled connection is taken.
+//! The `login-identity` gate counts the account named in the body. A `RateLimitLayer`'s
+//! extractor only sees the request head ([`http::request::Parts`]), never the body, so a
+//! body-borne identity cannot be checked by a layer: the handler parses the body and checks
+//! the identity limiter directly, with the same policy-bound [`Check`](runlimit_core::Check).
+//!
+//! Every attempt counts against the identity quota, successful or not: this is a rate
+//! limit, not a lockout (durable lockouts are the application's business).
+//!
+//! ## Storage modes
+//!
+//! - No options: everything in memory, per process.
+//! - `--database-url` (or `DATABASE_URL`): the `login-identity` gate moves to
+//!   `runlimit_postgres::PostgresLimiter` (migrations are applied at start), so every replica
+//!   pointing at the database shares the identity quota. `login-client` stays in memory (per
+//!   process) by design. The `items` GCRA gate stays in memory **for now**: the PostgreSQL
+//!   GCRA backend (`PostgresGcraLimiter`, issue 5) does not exist yet. [`ItemsLimiter`] is the
+//!   seam: an application enum implementing [`Limiter`](runlimit_core::Limiter), to which
+//!   that backend is added as one more variant.
+//!
+//! All replicas sharing a database must use the same policies, normalization rules and HMAC
+//! secret.
+//!
+//! # Client addresses
+//!
+//! The client is the socket peer address from axum's `ConnectInfo`, read by the
+//! application's own [`ClientKey`] extractor (the Runlimit adapter never reads it). IPv4
+//! addresses count individually; IPv6 addresses are aggregated to their /64 prefix, since one
+//! host typically controls a whole /64. Forwarding headers are **never** read, unless
+//! `--trusted-proxy <IP>` is given and the peer is that proxy: then the client is the
+//! rightmost `X-Forwarded-For` entry, the one the trusted proxy appended. See
+//! [`client_network`].
+//!
+//! # Responses
+//!
+//! - Every response of a gated route carries `RateLimit-Policy` and `RateLimit`
+//!   (draft-ietf-httpapi-ratelimit-headers-11, through `runlimit_http::draft_11`) for the gates
+//!   the request passed, plus the gate that refused it. For `login-identity` with a limit of
+//!   8 per 600 s: `RateLimit-Policy: "login-client";q=40;w=60, "login-identity";q=8;w=600`.
+//! - A quota denial is `429 Too Many Requests` with `Retry-After` (whole seconds, rounded
+//!   up from the backend's exact delay, equal to the refused gate's `t`) and an RFC 9457
+//!   `application/problem+json` body of the draft's `quota-exceeded` type naming the
+//!   `violated-policies`. See [`Problem`].
+//! - A full rate-limit store is `503` with the draft's `temporary-reduced-capacity` type; a
+//!   backend failure is `503` with an `about:blank` problem. Both fail closed.
+//!
+//! # Logs
+//!
+//! `tracing` events on stderr, filtered by `RUST_LOG` (default `info`). Every admission
+//! (every limiter check) produces one `runlimit_demo::admission` event with the backend,
+//! policy id, scope, outcome, consumption and elapsed microseconds, from a Runlimit
+//! [`Observer`](runlimit_core::Observer) ([`TracingObserver`]). No event contains a raw
+//! identity, password, client address or subject key.
+//!
+//! # Key secret
+//!
+//! Subject keys are HMAC-SHA-256 digests under the secret in `RUNLIMIT_KEY_SECRET` (its
+//! bytes, at least 32). Without it the demo generates an ephemeral random secret and logs a
+//! warning: counters are then not shared across replicas or restarts. See
+//! [`key_hasher_from_env`].
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod app;
+mod backend;
+mod cli;
+mod client;
+mod identity;
+mod observe;
+mod problem;
+mod secret;
+mod server;
+mod users;
+
+pub use crate::app::{App, Gates, GatesError, LOGIN_BODY_LIMIT, LoginRequest, router};
+pub use crate::backend::{
+    Backends, ClientStore, IdentityBatchError, IdentityCheckError, IdentityLimiter, ItemsBatchError,
+    ItemsCheckError, ItemsLimiter, Readiness,
+};
+pub use crate::cli::Args;
+pub use crate::client::{ClientAddressError, ClientKey, ClientNetwork, client_network};
+pub use crate::identity::{IdentityError, MAX_IDENTITY_LEN, normalize_identity};
+pub use crate::observe::TracingObserver;
+pub use crate::problem::{Problem, ProblemType};
+pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher_from_env};
+pub use crate::server::{LISTENING_PREFIX, RunError, init_tracing, run};
+pub use crate::users::DemoUsers;

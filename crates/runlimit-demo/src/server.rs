@@ -1,0 +1,176 @@
+//! Startup, the listening announcement, serving and graceful shutdown.
+
+use std::{
+    io::{self, Write as _},
+    net::SocketAddr,
+    sync::Arc,
+};
+
+use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+use crate::{
+    app::{App, Gates, GatesError, router},
+    backend::{Backends, IdentityLimiter, ItemsLimiter},
+    cli::Args,
+    observe::TracingObserver,
+    secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher_from_env},
+    users::DemoUsers,
+};
+
+/// The start of the one line printed on stdout once the server is bound, followed by the
+/// bound address and a newline: `runlimit-demo listening on http://127.0.0.1:3000`.
+pub const LISTENING_PREFIX: &str = "runlimit-demo listening on http://";
+
+/// Why the demo could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// `RUNLIMIT_KEY_SECRET` is too short, or no ephemeral secret could be generated.
+    #[error("no usable key secret")]
+    KeySecret {
+        /// Why.
+        #[source]
+        source: KeySecretError,
+    },
+    /// A limit or window option was rejected.
+    #[error("invalid rate-limit options")]
+    Gates {
+        /// Why.
+        #[source]
+        source: GatesError,
+    },
+    /// `--memory-max-keys` or `--memory-shards` was rejected.
+    #[error("invalid memory store options")]
+    MemoryConfig {
+        /// Why.
+        #[source]
+        source: MemoryStoreConfigError,
+    },
+    /// The listening socket could not be bound.
+    #[error("failed to listen on {address}")]
+    Bind {
+        /// The `--listen` address.
+        address: SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The listening line could not be written to stdout.
+    #[error("failed to announce the listening address on stdout")]
+    Announce {
+        /// The write error.
+        #[source]
+        source: io::Error,
+    },
+    /// The server's accept loop failed.
+    #[error("server failed")]
+    Serve {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Installs the stderr `tracing` subscriber: `RUST_LOG` filter directives, `info` when unset
+/// or invalid, no ANSI colors. Does nothing if a global subscriber is already installed.
+pub fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).try_init();
+}
+
+fn memory_config(args: &Args) -> Result<MemoryStoreConfig, RunError> {
+    MemoryStoreConfig::new(args.memory_max_keys)
+        .and_then(|config| config.with_shard_count(args.memory_shards))
+        .map_err(|source| RunError::MemoryConfig { source })
+}
+
+async fn backends(args: &Args) -> Result<Backends, RunError> {
+    let config = memory_config(args)?;
+    let observer = TracingObserver::new("memory");
+    let client = Arc::new(MemoryStore::builder(config).with_observer(observer).build());
+    let items = Arc::new(ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()));
+    let identity =
+        Arc::new(IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()));
+    Ok(Backends { client, identity, items })
+}
+
+/// Runs the demo until SIGINT or SIGTERM.
+///
+/// Builds the key hasher from `RUNLIMIT_KEY_SECRET` (warning when ephemeral), the policies
+/// and the backends, binds `args.listen`, prints `runlimit-demo listening on http://ADDR`
+/// (see [`LISTENING_PREFIX`]) on stdout, and serves with `ConnectInfo<SocketAddr>`. On a
+/// signal it stops accepting, lets in-flight requests finish, and returns `Ok`.
+///
+/// # Errors
+///
+/// Every [`RunError`] variant, each at the step named in its documentation.
+pub async fn run(args: Args) -> Result<(), RunError> {
+    let (hasher, source) = key_hasher_from_env(std::env::var_os(KEY_SECRET_ENV))
+        .map_err(|source| RunError::KeySecret { source })?;
+    if source == KeySecretSource::Ephemeral {
+        tracing::warn!(
+            "{KEY_SECRET_ENV} is not set: generated an ephemeral key secret; counters are not shared \
+             across replicas and are lost on restart"
+        );
+    }
+    let gates = Gates::new(&args).map_err(|source| RunError::Gates { source })?;
+    let backends = backends(&args).await?;
+    let label = backends.label();
+    let app = App::new(gates, backends, hasher, args.trusted_proxies.clone(), DemoUsers::default());
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| RunError::Bind { address: args.listen, source })?;
+    let address = listener.local_addr().map_err(|source| RunError::Bind { address: args.listen, source })?;
+    announce(address).map_err(|source| RunError::Announce { source })?;
+    tracing::info!(
+        port = address.port(),
+        shared_gates = label,
+        trusted_proxies = args.trusted_proxies.len(),
+        "serving; login-client and items gates are in memory (per process)"
+    );
+
+    axum::serve(listener, router(app).into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|source| RunError::Serve { source })?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn announce(address: SocketAddr) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "{LISTENING_PREFIX}{address}")?;
+    stdout.flush()
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM. If a handler cannot be installed, that
+/// signal is logged and ignored, never treated as a shutdown request.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(error = %error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT received; shutting down"),
+        () = terminate => tracing::info!("SIGTERM received; shutting down"),
+    }
+}

@@ -1,0 +1,226 @@
+//! Starts the built `runlimit-demo` binary and talks HTTP/1.1 to it over loopback.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    net::SocketAddr,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    thread,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use runlimit_demo::LISTENING_PREFIX;
+
+/// A running demo process, killed on drop.
+pub struct Demo {
+    child: Option<Child>,
+    pub address: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// A secret shared by replicas in the tests (exactly 32 bytes).
+pub const SECRET: &str = "demo-e2e-secret-0123456789abcdef";
+
+impl Demo {
+    /// Starts the binary with `args` (plus `--listen 127.0.0.1:0`) and `env`, with
+    /// `DATABASE_URL`, `RUNLIMIT_KEY_SECRET` and `RUST_LOG` removed from the inherited
+    /// environment first, and waits for the listening line.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"));
+        command
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("RUNLIMIT_KEY_SECRET")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawn runlimit-demo");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = err_pipe.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (sender, receiver) = mpsc::channel();
+        thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next().and_then(Result::ok);
+            let _ = sender.send(first);
+            // Keep draining so the child never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match receiver.recv_timeout(Duration::from_secs(60)) {
+            Ok(Some(line)) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "runlimit-demo did not announce its address ({other:?}); stderr:\n{}",
+                    stderr.lock().unwrap()
+                );
+            }
+        };
+        let address = line
+            .strip_prefix(LISTENING_PREFIX)
+            .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}"))
+            .parse()
+            .unwrap();
+        Self { child: Some(child), address, stderr }
+    }
+
+    /// Runs the binary to completion (it is expected to fail at startup) and returns its exit
+    /// status and stderr.
+    pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("RUNLIMIT_KEY_SECRET")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM to this process (by its id) and waits up to 30 s for it to exit.
+    pub fn terminate(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                // Let the stderr reader drain the pipe.
+                thread::sleep(Duration::from_millis(100));
+                return (status, self.stderr());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("runlimit-demo did not stop within 30 s of SIGTERM");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A complete response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    /// The value of `name`, `None` when absent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|value| value.to_str().unwrap())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|error| panic!("{error}: {:?}", self.body))
+    }
+}
+
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Http {
+    pub fn new() -> Self {
+        Self { client: Client::builder(TokioExecutor::new()).build_http() }
+    }
+
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> Reply {
+        let response = self.client.request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8(bytes.to_vec()).unwrap(),
+        }
+    }
+
+    pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::get(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request.body(Full::new(Bytes::new())).unwrap()).await
+    }
+
+    pub async fn post_json(&self, url: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::post(url).header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await
+    }
+
+    /// `POST /login` for `identity` with `password`.
+    pub async fn login(&self, demo: &Demo, identity: &str, password: &str) -> Reply {
+        let body = serde_json::json!({ "identity": identity, "password": password }).to_string();
+        self.post_json(&demo.url("/login"), &body, &[]).await
+    }
+}
+
+pub const ALICE: &str = "alice@example.test";
+pub const ALICE_PASSWORD: &str = "correct horse battery staple";
+
+/// The exact quota-exceeded problem body for `name`, with `retry` seconds.
+pub fn quota_exceeded_body(name: &str, retry: u64) -> serde_json::Value {
+    serde_json::json!({
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "title": "Request cannot be satisfied as assigned quota has been exceeded",
+        "status": 429,
+        "detail": format!("quota of policy \"{name}\" is exhausted; retry after {retry} seconds"),
+        "violated-policies": [name],
+    })
+}
+
+/// Asserts the exact `RateLimit-Policy`, `RateLimit` and `Retry-After` fields of `reply`.
+#[track_caller]
+pub fn assert_fields(reply: &Reply, policy: Option<&str>, limit: Option<&str>, retry_after: Option<&str>) {
+    assert_eq!(reply.header("ratelimit-policy"), policy, "RateLimit-Policy of {reply:?}");
+    assert_eq!(reply.header("ratelimit"), limit, "RateLimit of {reply:?}");
+    assert_eq!(reply.header("retry-after"), retry_after, "Retry-After of {reply:?}");
+}
