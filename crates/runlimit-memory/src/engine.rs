@@ -8,8 +8,11 @@
 
 use std::{
     sync::{Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+use quanta::Instant;
+use smallvec::SmallVec;
 
 use runlimit_core::{
     Allowance, BatchDecision, Check, Decision, Delay, Denial, QuotaDenial, QuotaMode, RateLimitPolicy,
@@ -45,6 +48,32 @@ pub(crate) enum Verdict {
     Exhausted(QuotaDenial),
 }
 
+/// Batches up to this many checks keep their bookkeeping on the stack.
+const INLINE: usize = 2;
+
+/// One check of a batch while it is being evaluated.
+struct Planned {
+    key: StoredKey,
+    hash: u64,
+    /// Shard index while planning, then position in the locked groups.
+    group: usize,
+    slot: Option<u32>,
+    verdict: Option<Verdict>,
+}
+
+/// One locked shard of a batch.
+struct Group<'a> {
+    shard_index: usize,
+    /// Checks of the batch on this shard.
+    checks: usize,
+    shard: MutexGuard<'a, Shard>,
+    budget: Budget,
+    /// Checks needing a new slot so far.
+    new_keys: usize,
+    /// Whether the shard lacks room for them.
+    short: bool,
+}
+
 /// Pads a shard lock to its own cache lines so neighbouring shards do not false-share.
 /// (Two cache lines: adjacent-line prefetchers pull pairs.) Hand-written because it is one
 /// attribute; a crate would add a dependency for no code.
@@ -75,6 +104,10 @@ pub(crate) struct CleanupWork {
 pub(crate) struct Engine {
     shards: Box<[Padded]>,
     config: MemoryStoreConfig,
+    /// `max_keys / shard_count` and `max_keys % shard_count`, precomputed: shard `i` holds
+    /// `base + 1` entries when `i < extra`, else `base`.
+    base_capacity: usize,
+    extra_capacity: usize,
 }
 
 fn lock(shards: &[Padded], shard_index: usize) -> Result<MutexGuard<'_, Shard>, PoisonedShardError> {
@@ -102,7 +135,17 @@ impl Engine {
         let shards = (0..config.shard_count())
             .map(|index| Padded(Mutex::new(Shard::new(config.shard_capacity(index).unwrap_or(0)))))
             .collect();
-        Self { shards, config }
+        Self {
+            shards,
+            config,
+            base_capacity: config.max_keys() / config.shard_count(),
+            extra_capacity: config.max_keys() % config.shard_count(),
+        }
+    }
+
+    /// The fixed capacity of shard `shard_index` (see [`MemoryStoreConfig::shard_capacity`]).
+    fn capacity(&self, shard_index: usize) -> usize {
+        self.base_capacity + usize::from(shard_index < self.extra_capacity)
     }
 
     pub(crate) fn config(&self) -> &MemoryStoreConfig {
@@ -154,6 +197,9 @@ impl Engine {
     }
 
     /// Evaluates an atomic batch at clock reading `clock_now`.
+    ///
+    /// Bookkeeping lives in inline vectors, so a batch of up to [`INLINE`] checks allocates
+    /// nothing beyond the returned allowances (and the validation in `runlimit-core`).
     pub(crate) fn check_all<A: Algorithm>(
         &self,
         checks: &[Check<'_, A::Policy>],
@@ -163,59 +209,57 @@ impl Engine {
         let mode = validate_batch(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
         let batch_size = checks.len();
 
-        // Prepare keys and group by shard, ascending: (shard index, checks on it).
-        let keys: Vec<(StoredKey, usize)> = checks
-            .iter()
-            .map(|check| {
-                let key = StoredKey::of(check);
-                (key, key.shard(self.shards.len()))
-            })
-            .collect();
-        let mut groups: Vec<(usize, usize)> = Vec::with_capacity(keys.len());
-        let mut order: Vec<usize> = keys.iter().map(|&(_, shard)| shard).collect();
-        order.sort_unstable();
-        for shard in order {
-            match groups.last_mut() {
-                Some((last, count)) if *last == shard => *count += 1,
-                _ => groups.push((shard, 1)),
+        // Plan each check, and collect the touched shards, ascending, with their check counts.
+        let shard_count = self.shards.len();
+        let mut planned: SmallVec<[Planned; INLINE]> = SmallVec::new();
+        let mut spans: SmallVec<[(usize, usize); INLINE]> = SmallVec::new();
+        for check in checks {
+            let key = StoredKey::of(check);
+            let shard = key.shard(shard_count);
+            match spans.binary_search_by_key(&shard, |&(index, _)| index) {
+                Ok(position) => spans[position].1 += 1,
+                Err(position) => spans.insert(position, (shard, 1)),
             }
+            planned.push(Planned { key, hash: key.hash(), group: shard, slot: None, verdict: None });
         }
-        for &(shard_index, key_count) in &groups {
-            let capacity = self.config.shard_capacity(shard_index).unwrap_or(0);
+        for &(shard_index, key_count) in &spans {
+            let capacity = self.capacity(shard_index);
             if key_count > capacity {
                 return Err(Failure::ExceedsShard { shard_index, key_count, capacity });
             }
         }
 
-        // Lock in ascending shard order.
-        let mut guards = Vec::with_capacity(groups.len());
-        for &(shard_index, _) in &groups {
-            guards.push(lock(&self.shards, shard_index).map_err(Failure::Poisoned)?);
-        }
-        let now = guards.iter().map(|shard| shard.watermark()).fold(clock_now, u64::max);
+        // Lock in ascending shard order, then clamp the clock and clean each shard.
         let per_check = self.config.expired_removals_per_check();
-        let mut budgets = Vec::with_capacity(groups.len());
+        let mut locked: SmallVec<[Group<'_>; INLINE]> = SmallVec::new();
+        for &(shard_index, checks) in &spans {
+            let shard = lock(&self.shards, shard_index).map_err(Failure::Poisoned)?;
+            let budget = Budget::new(per_check, checks);
+            locked.push(Group { shard_index, checks, shard, budget, new_keys: 0, short: false });
+        }
+        let groups = locked.as_mut_slice();
+        let now = groups.iter().map(|group| group.shard.watermark()).fold(clock_now, u64::max);
         let mut cleanup = CleanupWork::default();
-        for (shard, &(_, count)) in guards.iter_mut().zip(&groups) {
-            shard.advance_watermark(now);
-            let mut budget = Budget::new(per_check, count);
-            cleanup.maximum = cleanup.maximum.saturating_add(per_check.saturating_mul(count));
-            clean(shard, now, &mut budget, timed, &mut cleanup);
-            budgets.push(budget);
+        for group in groups.iter_mut() {
+            group.shard.advance_watermark(now);
+            cleanup.maximum = cleanup.maximum.saturating_add(per_check.saturating_mul(group.checks));
+            clean(&mut group.shard, now, &mut group.budget, timed, &mut cleanup);
+        }
+
+        // Look every key up first: independent lookups let their cache misses overlap.
+        for plan in &mut planned {
+            // From shard index to position among the groups (present by construction).
+            plan.group = spans.binary_search_by_key(&plan.group, |&(index, _)| index).unwrap_or(0);
+            plan.slot = groups[plan.group].shard.find(&plan.key, plan.hash);
         }
 
         // Evaluate in input order without mutating anything.
-        let group_of = |shard: usize| groups.binary_search_by_key(&shard, |&(index, _)| index).unwrap_or(0);
-        let mut new_keys = vec![0usize; groups.len()];
-        let mut short = vec![false; groups.len()];
         let mut enforced: Option<(usize, Denial)> = None;
         let mut shadowed: Option<(usize, QuotaDenial)> = None;
-        let mut evaluated = Vec::with_capacity(batch_size);
-        for (index, (check, &(key, shard_index))) in checks.iter().zip(&keys).enumerate() {
-            let group = group_of(shard_index);
-            let shard = &guards[group];
-            let slot = shard.find(&key, key.hash());
-            let live = slot.and_then(|slot| shard.entry(slot)).and_then(|entry| entry.live_at(now));
+        for (index, (check, plan)) in checks.iter().zip(planned.as_mut_slice()).enumerate() {
+            let group = &mut groups[plan.group];
+            let live =
+                plan.slot.and_then(|slot| group.shard.entry(slot)).and_then(|entry| entry.live_at(now));
             let verdict = A::evaluate(check.policy(), live, now)
                 .map_err(|source| Failure::Evaluation { index, source })?;
             match verdict {
@@ -227,17 +271,17 @@ impl Engine {
                         shadowed.get_or_insert((index, denial));
                     }
                 },
-                Verdict::Allowed { .. } if slot.is_none() => {
-                    new_keys[group] += 1;
-                    if new_keys[group] > shard.free() {
-                        short[group] = true;
-                        // Placeholder retry; computed below only if this denial is reported.
+                Verdict::Allowed { .. } if plan.slot.is_none() => {
+                    group.new_keys += 1;
+                    if group.new_keys > group.shard.free() {
+                        group.short = true;
+                        // The retry delay is computed below, only if this denial is reported.
                         enforced.get_or_insert((index, Denial::StorageCapacity { retry_after: None }));
                     }
                 }
                 Verdict::Allowed { .. } => {}
             }
-            evaluated.push((slot, verdict));
+            plan.verdict = Some(verdict);
         }
 
         let decision = match (enforced, shadowed) {
@@ -245,10 +289,8 @@ impl Engine {
                 // The batch may fit once every short shard has room: the latest of their
                 // earliest expiries (a lower bound when a shard lacks more than one slot).
                 let mut latest = Some(0u64);
-                for ((shard, budget), _) in
-                    guards.iter_mut().zip(budgets.iter_mut()).zip(&short).filter(|(_, short)| **short)
-                {
-                    latest = match (latest, shard.earliest_expiry(budget)) {
+                for group in groups.iter_mut().filter(|group| group.short) {
+                    latest = match (latest, group.shard.earliest_expiry(&mut group.budget)) {
                         (Some(latest), Some(at)) => Some(latest.max(at)),
                         _ => None,
                     };
@@ -264,12 +306,12 @@ impl Engine {
             }
             (None, None) => {
                 let mut allowances = Vec::with_capacity(batch_size);
-                for (&(slot, verdict), &(key, shard_index)) in evaluated.iter().zip(&keys) {
-                    if let Verdict::Allowed { allowance, next } = verdict {
-                        let shard = &mut guards[group_of(shard_index)];
-                        match slot {
+                for plan in &planned {
+                    if let Some(Verdict::Allowed { allowance, next }) = plan.verdict {
+                        let shard = &mut groups[plan.group].shard;
+                        match plan.slot {
                             Some(slot) => shard.set_entry(slot, next),
-                            None => shard.insert(key, key.hash(), next),
+                            None => shard.insert(plan.key, plan.hash, next),
                         }
                         allowances.push(allowance);
                     }
@@ -277,13 +319,12 @@ impl Engine {
                 BatchDecision::allowed(allowances).map(|d| (d, None))
             }
         };
-        let headroom = guards
+        let headroom = groups
             .iter()
-            .zip(&groups)
-            .map(|(shard, &(shard_index, _))| shard.headroom(shard_index))
+            .map(|group| group.shard.headroom(group.shard_index))
             .min_by_key(ShardHeadroom::headroom)
             .unwrap_or(ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 });
-        drop(guards);
+        drop(locked);
         match decision {
             Ok((decision, singled_out)) => {
                 let consumed = singled_out.is_none();

@@ -1,10 +1,9 @@
 //! One shard: a fixed-capacity table of entries and a lazily maintained expiry index.
 //!
-//! # Layout (about 91 bytes per key)
+//! # Layout (about 75 bytes per key)
 //!
-//! - `slots`: a slab of 64-byte slots (48-byte [`StoredKey`] + 16-byte [`Entry`]), one cache
-//!   line each, grown by doubling but never beyond the shard's capacity. Freed slots are
-//!   reused through `free`.
+//! - `slots`: a slab of 48-byte slots (32-byte [`StoredKey`] + 16-byte [`Entry`]), grown by
+//!   doubling but never beyond the shard's capacity. Freed slots are reused through `free`.
 //! - `table`: a [`hashbrown::HashTable`] of 4-byte slot numbers, hashed by
 //!   [`StoredKey::hash`]. Lookups compare the full stored key in the slot.
 //! - `index`: a binary min-heap of `(expiry lower bound, slot)` pairs, exactly one per stored
@@ -66,7 +65,6 @@ impl Entry {
 }
 
 #[derive(Clone, Copy)]
-#[repr(C, align(64))]
 struct Slot {
     key: StoredKey,
     entry: Entry,

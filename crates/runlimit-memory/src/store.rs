@@ -1,7 +1,9 @@
 //! The generic store behind [`MemoryStore`](crate::MemoryStore) and
 //! [`GcraStore`](crate::GcraStore): engine, clock and observer dispatch.
 
-use std::{marker::PhantomData, time::Instant};
+use std::marker::PhantomData;
+
+use quanta::Instant;
 
 use runlimit_core::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
