@@ -1,0 +1,5 @@
+//! Rebuilds when a migration is added, as `sqlx::migrate!` recommends.
+
+fn main() {
+    println!("cargo:rerun-if-changed=migrations");
+}

@@ -1,0 +1,1 @@
+//! Operations guide (placeholder).
