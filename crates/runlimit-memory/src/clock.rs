@@ -57,7 +57,7 @@ impl<C: Clock + ?Sized> Clock for &C {
 }
 
 /// The default clock: monotonic offsets from the moment the clock was created, read through
-/// [`quanta`](https://docs.rs/quanta).
+/// the `quanta` crate.
 ///
 /// quanta reads the CPU's time-stamp counter when it is invariant and calibrated against the
 /// operating system's monotonic clock (once per process), and otherwise falls back to that

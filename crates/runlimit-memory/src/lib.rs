@@ -67,7 +67,7 @@
 //! - A batch with more distinct keys in one shard than that shard can ever hold is rejected
 //!   with [`MemoryBatchError::BatchExceedsShardCapacity`] before any lock is taken: waiting
 //!   cannot make it fit.
-//! - Memory grows with the keys actually stored (about 91 bytes per key, see *Performance*)
+//! - Memory grows with the keys actually stored (about 78 bytes per key, see *Performance*)
 //!   and never beyond what `max_keys` entries need.
 //!
 //! # Cleanup
@@ -128,18 +128,23 @@
 //!
 //! # Key storage and hashing
 //!
-//! A shard stores the full 32-byte subject key and the first 16 bytes of the policy
-//! fingerprint. Its hash table uses subject-key bytes directly as the hash instead of
-//! SipHash: subject keys are HMAC-SHA-256 outputs under the application's secret, uniform and
-//! unpredictable without it, so an attacker cannot aim keys at one bucket or shard. A
-//! fingerprint prefix collision would need two of the application's own policies to agree on
-//! 128 bits of SHA-256.
+//! A shard stores the first 16 bytes of the policy fingerprint and the first 16 bytes of the
+//! subject key, both uniform digest outputs: two counter keys share an entry only if both
+//! 128-bit prefixes collide, with probability at most `n² / 2¹²⁹` among `n` stored keys, and
+//! a collision would only make two subjects share (and so tighten) one counter. Its hash table
+//! uses subject-key bytes directly as the hash instead of SipHash: subject keys are
+//! HMAC-SHA-256 outputs under the application's secret, uniform and unpredictable without it,
+//! so an attacker cannot aim keys at one bucket or one shard.
 //!
 //! # Performance
 //!
 //! `cargo bench -p runlimit-memory` runs both stores and governor's keyed limiter on the same
-//! workloads and prints nanoseconds per check, the ratios to governor, and the resident memory
-//! per key with 1,000,000 live keys, each measured in a fresh process.
+//! workloads (one thread on 10,000 hot keys, two threads on the same keys, a flood of
+//! 1,000,000 distinct keys, a two-check batch) and prints nanoseconds per check, the ratios to
+//! governor, and the resident memory per key with 1,000,000 live keys, each measured in a
+//! fresh process. Resident memory is about 78 bytes per key with 64 shards (75 with one
+//! shard): a 48-byte slot, a 4-byte table index with its control byte at a load factor near
+//! one half, and a 16-byte expiry-index element.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
