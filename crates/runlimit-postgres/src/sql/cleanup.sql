@@ -15,8 +15,7 @@ ledger AS MATERIALIZED (
 ),
 deleted AS (
     DELETE FROM public.runlimit_fixed_windows AS w
-    USING candidates
-    WHERE w.counter_key = candidates.counter_key
+    WHERE w.counter_key = ANY (ARRAY(SELECT candidates.counter_key FROM candidates))
       AND (SELECT pg_catalog.count(*) FROM ledger) >= 0
     RETURNING 1
 )

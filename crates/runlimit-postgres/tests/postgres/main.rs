@@ -1,8 +1,9 @@
 //! PostgreSQL integration tests for `runlimit-postgres`, one binary.
 //!
 //! Every test needs `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` and runs in its own fresh database
-//! (see `support.rs`). They are `#[ignore]`d so a plain `cargo test` passes without a server;
-//! run them with
+//! (see `support.rs`), dropped when the test passes and kept for debugging when it fails. The
+//! tests are `#[ignore]`d so a plain `cargo test` passes without a server, and panic with a
+//! clear message when the variable is missing. Run them with
 //!
 //! ```text
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
@@ -11,4 +12,9 @@
 
 mod support;
 
+mod capacity;
+mod faults;
+mod migrations;
+mod observer;
+mod replicas;
 mod rules;

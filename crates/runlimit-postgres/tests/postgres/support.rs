@@ -72,6 +72,11 @@ impl TestDatabase {
         limiter
     }
 
+    /// A migrated limiter with `config` on a fresh pool.
+    pub async fn limiter_with(&self, max_connections: u32, config: PostgresConfig) -> PostgresLimiter {
+        self.limiter(max_connections).await.with_config(config)
+    }
+
     /// Drops the database; call it last in a passing test.
     pub async fn finish(self) {
         let admin = PgConnectOptions::from_str(&admin_url()).expect("valid database URL");
@@ -114,4 +119,139 @@ pub async fn stored_used(connection: &mut PgConnection, check: &Check<'_, FixedW
 
 pub fn config() -> PostgresConfig {
     PostgresConfig::default()
+}
+
+/// The SQLSTATE of a database error inside a check error, if any.
+pub fn sqlstate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(sqlx::Error::Database(database)) = error.downcast_ref::<sqlx::Error>() {
+            return database.code().map(|code| code.into_owned());
+        }
+        current = error.source();
+    }
+    None
+}
+
+/// Waits until a backend of database `database` other than `except` waits on a lock, and
+/// returns its pid.
+pub async fn waiting_backend(connection: &mut PgConnection, database: &str, except: i32) -> i32 {
+    for _ in 0..500 {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_catalog.pg_stat_activity \
+             WHERE datname = $1 AND pid <> $2 AND wait_event_type = 'Lock' LIMIT 1",
+        )
+        .bind(database)
+        .bind(except)
+        .fetch_optional(&mut *connection)
+        .await
+        .expect("poll pg_stat_activity");
+        if let Some(pid) = pid {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no backend started waiting on a lock");
+}
+
+/// The ledger row count of `shard`.
+pub async fn ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
+    sqlx::query_scalar("SELECT row_count FROM public.runlimit_fixed_window_shards WHERE shard = $1")
+        .bind(shard)
+        .fetch_one(connection)
+        .await
+        .expect("read ledger")
+}
+
+/// Where a [`Proxy`] cuts a connection.
+#[derive(Clone, Copy, Debug)]
+pub enum Cut {
+    /// Drop both sides when a client message containing the pattern arrives, without
+    /// forwarding it: the server never sees it and rolls back when the session ends.
+    BeforeForwarding(&'static [u8]),
+    /// Forward the client message containing the pattern, discard the server's answers and
+    /// close the client side shortly after: the server executes the message (a COMMIT commits)
+    /// but the client never learns the outcome.
+    AfterForwarding(&'static [u8]),
+}
+
+/// A loopback TCP proxy in front of the test server that can cut a connection once, on a
+/// pattern in the client's bytes (`../shared/spec/sqlx-postgres.md` §13).
+pub struct Proxy {
+    pub port: u16,
+    armed: std::sync::Arc<std::sync::Mutex<Option<Cut>>>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: &PgConnectOptions) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let target = format!("{}:{}", upstream.get_host(), upstream.get_port());
+        let armed = std::sync::Arc::new(std::sync::Mutex::new(None::<Cut>));
+        let shared = armed.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let target = target.clone();
+                let armed = shared.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = tokio::net::TcpStream::connect(&target).await {
+                        relay(client, server, armed).await;
+                    }
+                });
+            }
+        });
+        Self { port, armed }
+    }
+
+    /// Cuts the next connection whose client sends the pattern.
+    pub fn arm(&self, cut: Cut) {
+        *self.armed.lock().unwrap() = Some(cut);
+    }
+
+    /// Connect options for `database` through the proxy.
+    pub fn options(&self, base: &PgConnectOptions) -> PgConnectOptions {
+        base.clone().host("127.0.0.1").port(self.port)
+    }
+}
+
+async fn relay(
+    mut client: tokio::net::TcpStream,
+    mut server: tokio::net::TcpStream,
+    armed: std::sync::Arc<std::sync::Mutex<Option<Cut>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut from_client = vec![0u8; 64 * 1024];
+    let mut from_server = vec![0u8; 64 * 1024];
+    loop {
+        tokio::select! {
+            read = client.read(&mut from_client) => {
+                let Ok(n) = read else { return };
+                if n == 0 { return; }
+                let chunk = &from_client[..n];
+                let cut = {
+                    let mut armed = armed.lock().unwrap();
+                    let hit = armed.and_then(|cut| {
+                        let pattern = match cut { Cut::BeforeForwarding(p) | Cut::AfterForwarding(p) => p };
+                        chunk.windows(pattern.len()).any(|w| w == pattern).then_some(cut)
+                    });
+                    if hit.is_some() { *armed = None; }
+                    hit
+                };
+                match cut {
+                    Some(Cut::BeforeForwarding(_)) => return,
+                    Some(Cut::AfterForwarding(_)) => {
+                        let _ = server.write_all(chunk).await;
+                        // Let the server execute it; its answer is never relayed.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        return;
+                    }
+                    None => if server.write_all(chunk).await.is_err() { return },
+                }
+            }
+            read = server.read(&mut from_server) => {
+                let Ok(n) = read else { return };
+                if n == 0 || client.write_all(&from_server[..n]).await.is_err() { return; }
+            }
+        }
+    }
 }

@@ -1,0 +1,245 @@
+//! Faults: killed backends, lock contention, pool exhaustion, hostile search paths, lost
+//! acknowledgements.
+
+use std::time::Duration;
+
+use runlimit_core::{ConsumptionStatus, DecisionView, Denial};
+use runlimit_postgres::{BatchCheckError, CheckError, CheckPhase, MaintenanceError, PostgresLimiter};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_backend_terminated_before_commit_consumes_nothing() {
+    let db = TestDatabase::create("terminated_backend").await;
+    let limiter = db.limiter(2).await;
+    let policy = policy("faults.terminate", 5, Duration::from_secs(60));
+    let check = check(&policy, subject(11, 1));
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+
+    // An unrelated session row-locks the counter, so the check blocks in its preflight.
+    let mut holder = db.connection().await;
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut holder).await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT used FROM public.runlimit_fixed_windows WHERE counter_key = $1 FOR UPDATE")
+        .bind(check.counter_key().to_bytes().as_slice())
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    let pending = {
+        let limiter = limiter.clone();
+        let key = check.counter_key();
+        let policy = policy.clone();
+        tokio::spawn(async move {
+            let check = runlimit_core::Check::new(key.subject().bind(&policy));
+            limiter.check(&check).await
+        })
+    };
+    let mut observer = db.connection().await;
+    let victim = waiting_backend(&mut observer, &db.name, holder_pid).await;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(victim)
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+    assert!(terminated);
+    let error = pending.await.unwrap().unwrap_err();
+    assert!(matches!(error, CheckError::Database { phase: CheckPhase::Preflight, .. }), "{error:?}");
+    assert_eq!(sqlstate(&error).as_deref(), Some("57P01"));
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+    assert_eq!(error.to_string(), "database failure in the preflight phase");
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    assert_eq!(stored_used(&mut observer, &check).await, Some(1));
+    // The pool replaced the dead connection.
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+    assert_eq!(stored_used(&mut observer, &check).await, Some(2));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn an_unrelated_advisory_lock_holder_times_the_check_out_in_the_lock_phase() {
+    let db = TestDatabase::create("advisory_holder").await;
+    let timeout = Duration::from_millis(300);
+    let limiter = db.limiter_with(2, config().with_operation_timeout(timeout).unwrap()).await;
+    let policy = policy("faults.advisory", 5, Duration::from_secs(60));
+    let check = check(&policy, subject(12, 1));
+
+    // The documented lock-id derivation, computed by PostgreSQL itself.
+    let mut holder = db.connection().await;
+    sqlx::query(
+        "SELECT pg_advisory_lock(('x' || encode(substr(sha256('runlimit/postgres/fixed-window-lock/v1'::bytea || $1), 1, 8), 'hex'))::bit(64)::bigint)",
+    )
+    .bind(check.counter_key().to_bytes().as_slice())
+    .execute(&mut holder)
+    .await
+    .unwrap();
+
+    let error = limiter.check(&check).await.unwrap_err();
+    assert!(
+        matches!(error, CheckError::Timeout { phase: CheckPhase::Lock, timeout: t } if t == timeout),
+        "{error:?}"
+    );
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+    assert_eq!(error.phase(), Some(CheckPhase::Lock));
+    assert_eq!(error.to_string(), "operation timed out after 300ms in the lock phase");
+    let other = check_for(&policy, 13);
+    let batch_error = limiter.check_all(&[other, check]).await.unwrap_err();
+    assert!(
+        matches!(batch_error, BatchCheckError::Check(CheckError::Timeout { phase: CheckPhase::Lock, .. })),
+        "{batch_error:?}"
+    );
+    let mut observer = db.connection().await;
+    assert_eq!(stored_used(&mut observer, &check).await, None);
+    assert_eq!(stored_used(&mut observer, &other).await, None);
+
+    sqlx::raw_sql("SELECT pg_advisory_unlock_all()").execute(&mut holder).await.unwrap();
+    assert!(limiter.check_all(&[other, check]).await.unwrap().permits_request());
+    db.finish().await;
+}
+
+fn check_for(
+    policy: &runlimit_core::FixedWindowPolicy,
+    n: u64,
+) -> runlimit_core::Check<'_, runlimit_core::FixedWindowPolicy> {
+    check(policy, subject(12, n))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn pool_exhaustion_hits_the_pool_acquire_timeout() {
+    let db = TestDatabase::create("pool_exhaustion").await;
+    let timeout = Duration::from_millis(200);
+    let limiter = db.limiter_with(1, config().with_pool_acquire_timeout(timeout).unwrap()).await;
+    let policy = policy("faults.pool", 5, Duration::from_secs(60));
+    let check = check(&policy, subject(14, 1));
+
+    let held = limiter.pool().acquire().await.unwrap();
+    let error = limiter.check(&check).await.unwrap_err();
+    assert!(matches!(error, CheckError::PoolTimeout { timeout: t } if t == timeout), "{error:?}");
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+    assert_eq!(error.to_string(), "timed out after 200ms waiting for a pooled connection");
+    let cleanup = limiter.cleanup_expired(10).await.unwrap_err();
+    assert!(matches!(cleanup, MaintenanceError::PoolTimeout { .. }), "{cleanup:?}");
+    assert!(!cleanup.may_have_removed_rows());
+    drop(held);
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+
+    // A closed pool is an acquisition failure, not a timeout.
+    limiter.pool().close().await;
+    let closed = limiter.check(&check).await.unwrap_err();
+    assert!(matches!(closed, CheckError::Acquire { source: sqlx::Error::PoolClosed }), "{closed:?}");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_hostile_search_path_changes_nothing() {
+    let db = TestDatabase::create("hostile_search_path").await;
+    db.limiter(1).await; // migrate with a normal search_path
+    let mut admin = db.connection().await;
+    sqlx::raw_sql(
+        "CREATE SCHEMA hostile; \
+         CREATE FUNCTION hostile.clock_timestamp() RETURNS timestamptz LANGUAGE sql \
+             AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$; \
+         CREATE FUNCTION hostile.pg_advisory_xact_lock(bigint) RETURNS void LANGUAGE sql AS $$ SELECT $$; \
+         CREATE FUNCTION hostile.always_equal(bytea, bytea) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$; \
+         CREATE OPERATOR hostile.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = hostile.always_equal); \
+         CREATE TABLE hostile.runlimit_fixed_windows (LIKE public.runlimit_fixed_windows); \
+         CREATE TABLE hostile.runlimit_fixed_window_shards (LIKE public.runlimit_fixed_window_shards);",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let options = db.options.clone().options([("search_path", "hostile, public, pg_catalog")]);
+    let pool = db.pool_with(PgPoolOptions::new().max_connections(2), options).await;
+    // The hostile path is in force on the pool's sessions.
+    let unqualified: f64 = sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unqualified, 946_684_800.0);
+
+    let limiter = PostgresLimiter::new(pool);
+    let window = Duration::from_secs(60);
+    let policy = policy("faults.hostile", 1, window);
+    let a = check(&policy, subject(15, 1));
+    let b = check(&policy, subject(15, 2));
+    let first = limiter.check(&a).await.unwrap();
+    let DecisionView::Allowed { allowance } = first.view() else { panic!("{first:?}") };
+    assert_eq!(allowance.replenishes_after().duration(), window);
+    // A hostile `=` would make b's preflight find a's row; a hostile clock would anchor in 2000.
+    assert!(limiter.check(&b).await.unwrap().permits_request());
+    let denied = limiter.check(&a).await.unwrap();
+    let DecisionView::Denied { denial: Denial::QuotaExceeded(quota) } = denied.view() else {
+        panic!("{denied:?}")
+    };
+    assert!(
+        quota.retry_after().duration() <= window && quota.retry_after().duration() > Duration::from_secs(50)
+    );
+    let anchored_recently: bool = sqlx::query_scalar(
+        "SELECT bool_and(abs(EXTRACT(EPOCH FROM window_started_at - pg_catalog.now())) < 60) FROM public.runlimit_fixed_windows",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(anchored_recently);
+    let hostile_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM hostile.runlimit_fixed_windows")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(hostile_rows, 0);
+    assert_eq!(ledger_count(&mut admin, 15).await, 2);
+    // Cleanup runs under the same hostile path.
+    assert_eq!(limiter.cleanup_expired(10).await.unwrap(), 0);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_read_only_denial_survives_a_failed_rollback() {
+    let db = TestDatabase::create("failed_rollback").await;
+    db.limiter(1).await;
+    let proxy = Proxy::start(&db.options).await;
+    let pool = db.pool_with(PgPoolOptions::new().max_connections(1), proxy.options(&db.options)).await;
+    let limiter = PostgresLimiter::new(pool);
+    let policy = policy("faults.rollback", 1, Duration::from_secs(60));
+    let check = check(&policy, subject(16, 1));
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+
+    proxy.arm(Cut::BeforeForwarding(b"ROLLBACK"));
+    let denied = limiter.check(&check).await.unwrap();
+    assert!(matches!(denied.view(), DecisionView::Denied { denial: Denial::QuotaExceeded(_) }), "{denied:?}");
+    // The connection was discarded; the pool opens a new one and the state is intact.
+    let again = limiter.check(&check).await.unwrap();
+    assert!(matches!(again.view(), DecisionView::Denied { denial: Denial::QuotaExceeded(_) }), "{again:?}");
+    let mut observer = db.connection().await;
+    assert_eq!(stored_used(&mut observer, &check).await, Some(1));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_lost_commit_acknowledgement_may_have_consumed() {
+    let db = TestDatabase::create("lost_commit").await;
+    db.limiter(1).await;
+    let proxy = Proxy::start(&db.options).await;
+    let pool = db.pool_with(PgPoolOptions::new().max_connections(1), proxy.options(&db.options)).await;
+    let limiter = PostgresLimiter::new(pool);
+    let policy = policy("faults.commit", 5, Duration::from_secs(60));
+    let check = check(&policy, subject(17, 1));
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+
+    proxy.arm(Cut::AfterForwarding(b"COMMIT;"));
+    let error = limiter.check(&check).await.unwrap_err();
+    assert!(matches!(error, CheckError::CommitOutcomeUnknown { .. }), "{error:?}");
+    assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
+    assert_eq!(error.to_string(), "commit outcome unknown");
+    // Here the server did commit: the unknown outcome was a consumption, which is why it is
+    // never replayed automatically.
+    let mut observer = db.connection().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(stored_used(&mut observer, &check).await, Some(2));
+    db.finish().await;
+}
