@@ -141,9 +141,10 @@ impl PostgresConfig {
     }
 
     /// Sets the budget every check or cleanup receives once it holds a connection: one
-    /// deadline covering `BEGIN`, every statement, lock waits, rollback and commit. It is also
-    /// sent to PostgreSQL as the transaction-local `statement_timeout` and `lock_timeout` (in
-    /// milliseconds), so the server abandons a lock wait by itself.
+    /// deadline covering `BEGIN`, every statement, lock waits, rollback and commit, measured by
+    /// the client. PostgreSQL also receives it, less a margin of a tenth (at most 100 ms), as
+    /// the transaction-local `statement_timeout` and `lock_timeout` in milliseconds, so the
+    /// server abandons a lock wait by itself and reports which statement waited.
     ///
     /// # Errors
     ///
@@ -186,10 +187,13 @@ impl PostgresConfig {
         self.maximum_rows_per_shard
     }
 
-    /// The operation timeout in whole milliseconds, as sent to PostgreSQL. Validation keeps
-    /// it within `1..=i32::MAX`.
-    pub(crate) fn operation_timeout_millis(&self) -> u128 {
-        self.operation_timeout.as_millis()
+    /// The transaction-local `statement_timeout` and `lock_timeout` sent to PostgreSQL, in whole
+    /// milliseconds: the operation timeout less a margin of a tenth of it, at most 100 ms, and
+    /// at least 1 ms. The server then abandons a wait, and names the statement that waited,
+    /// shortly before the client's own deadline would interrupt the round trip.
+    pub(crate) fn server_timeout_millis(&self) -> u128 {
+        let budget = self.operation_timeout.as_millis();
+        budget.saturating_sub((budget / 10).min(100)).max(1)
     }
 }
 
@@ -253,7 +257,12 @@ mod tests {
         assert_eq!(config.pool_acquire_timeout(), Duration::from_secs(1));
         assert_eq!(config.operation_timeout(), Duration::from_secs(2));
         assert_eq!(config.maximum_rows_per_shard(), 4_096);
-        assert_eq!(config.operation_timeout_millis(), 2_000);
+        assert_eq!(config.server_timeout_millis(), 1_900);
+        let short =
+            |ms| config.with_operation_timeout(Duration::from_millis(ms)).unwrap().server_timeout_millis();
+        assert_eq!(short(300), 270);
+        assert_eq!(short(9), 9);
+        assert_eq!(short(1), 1);
     }
 
     #[test]

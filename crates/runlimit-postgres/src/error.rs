@@ -6,16 +6,24 @@ use runlimit_core::{BatchError, ConsumptionStatus};
 
 /// The pre-commit phase of an admission that a [`CheckError`] interrupted.
 ///
-/// Every phase precedes `COMMIT`, so an error naming a phase never consumed quota.
-/// Phases run in this order, each one SQL round trip:
+/// Every phase precedes `COMMIT`, so an error naming a phase never consumed quota. The phases
+/// run in this order; begin, lock and preflight share the first round trip, reserve (only when
+/// a key has no row yet) has its own, and update shares the last round trip with `COMMIT`:
 ///
-/// | phase | what runs |
+/// | phase | statement |
 /// |---|---|
-/// | [`Begin`](Self::Begin) | `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` plus the transaction-local `statement_timeout`, `lock_timeout` and `search_path` |
-/// | [`Lock`](Self::Lock) | `pg_catalog.pg_advisory_xact_lock(bigint)` for every key, in ascending lock-id order |
-/// | [`Preflight`](Self::Preflight) | reads and row-locks the batch's counter rows, then samples `pg_catalog.clock_timestamp()` |
-/// | [`Reserve`](Self::Reserve) | only when a key has no row yet: locks the capacity ledger rows of those keys' shards in ascending order and reads their row counts, then samples the clock again |
-/// | [`Update`](Self::Update) | increments, re-anchors and inserts the counters of an allowed batch |
+/// | [`Begin`](Self::Begin) | `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` |
+/// | [`Lock`](Self::Lock) | the transaction-local `statement_timeout`, `lock_timeout` and `search_path`, then `pg_catalog.pg_advisory_xact_lock(bigint)` for every key in ascending lock-id order |
+/// | [`Preflight`](Self::Preflight) | reads and row-locks (`FOR NO KEY UPDATE`) the batch's counter rows, then samples `pg_catalog.clock_timestamp()` |
+/// | [`Reserve`](Self::Reserve) | locks the capacity ledger rows of the new keys' shards in ascending order, reads their row counts, samples the clock again |
+/// | [`Update`](Self::Update) | increments, re-anchors and inserts the counters of an allowed batch, verifying its row counts |
+///
+/// A timeout reported by PostgreSQL (its `lock_timeout` or `statement_timeout`) names the
+/// statement that waited. PostgreSQL sends a round trip's results together, so a timeout the
+/// client measures itself is attributed to the first unanswered statement of the round trip
+/// that can wait on a lock. A client-measured timeout while the update round trip is in flight
+/// is not a phase timeout but [`CheckError::CommitTimeout`]: the `COMMIT` sent with it may
+/// have run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CheckPhase {
     /// Opening the transaction and applying its local settings.

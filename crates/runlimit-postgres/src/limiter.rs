@@ -290,12 +290,23 @@ fn parse_reserve(output: &ScriptOutput, requested: &[i16]) -> Result<[Option<i64
 }
 
 /// Classifies a failed pre-commit script: `phases[i]` names statement `i`'s phase.
+///
+/// PostgreSQL sends a script's statement results together at the end of the round trip (or
+/// with the first error), so a timeout measured by the client cannot see how far the script
+/// got; it is attributed to the first statement not yet answered that can wait on a lock, never
+/// to `BEGIN`.
 fn check_failure(error: ScriptError, phases: &[CheckPhase], timeout: Duration) -> CheckError {
-    let phase = phases.get(error.completed).or(phases.last()).copied().unwrap_or(CheckPhase::Begin);
-    match error.failure {
-        Failure::TimedOut => CheckError::Timeout { phase, timeout },
-        Failure::Sqlx(error) if is_server_timeout(&error) => CheckError::Timeout { phase, timeout },
-        Failure::Sqlx(source) => CheckError::Database { phase, source },
+    let phase_at = |index: usize| phases.get(index).or(phases.last()).copied().unwrap_or(CheckPhase::Begin);
+    let ScriptError { completed, failure } = error;
+    match failure {
+        Failure::TimedOut => {
+            let waiting = (completed..phases.len()).find(|index| phases[*index] != CheckPhase::Begin);
+            CheckError::Timeout { phase: phase_at(waiting.unwrap_or(completed)), timeout }
+        }
+        Failure::Sqlx(error) if is_server_timeout(&error) => {
+            CheckError::Timeout { phase: phase_at(completed), timeout }
+        }
+        Failure::Sqlx(source) => CheckError::Database { phase: phase_at(completed), source },
     }
 }
 
@@ -592,7 +603,7 @@ impl<O: Observer> PostgresLimiter<O> {
 
         // One round trip: BEGIN, the settings and locks, the preflight with its clock sample.
         let mut script = protocol::begin().to_owned();
-        script.push_str(&protocol::lock(config.operation_timeout_millis(), &lock_ids));
+        script.push_str(&protocol::lock(config.server_timeout_millis(), &lock_ids));
         script.push_str(&protocol::preflight(&prepared.keys));
         let lock_statement = protocol::BEGIN_STATEMENTS;
         let mut phases = vec![CheckPhase::Begin; lock_statement];
@@ -652,7 +663,7 @@ impl<O: Observer> PostgresLimiter<O> {
         let deadline = Deadline::now() + timeout_value;
 
         let mut script = protocol::begin().to_owned();
-        script.push_str(&protocol::settings(config.operation_timeout_millis()));
+        script.push_str(&protocol::settings(config.server_timeout_millis()));
         script.push_str(&protocol::cleanup(maximum_rows));
         let delete_statement = protocol::BEGIN_STATEMENTS + 1;
         let output = protocol::run(&mut lease.connection, script, deadline).await.map_err(|error| {
