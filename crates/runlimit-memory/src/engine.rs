@@ -49,7 +49,7 @@ pub(crate) enum Verdict {
 }
 
 /// Batches up to this many checks keep their bookkeeping on the stack.
-const INLINE: usize = 2;
+const INLINE: usize = 4;
 
 /// One check of a batch while it is being evaluated.
 struct Planned {
