@@ -12,9 +12,11 @@ use runlimit_memory::{
     GcraBatchError, GcraCheckError, GcraStore, MemoryBatchError, MemoryStore, MemoryStoreStats,
     PoisonedShardError, SystemClock,
 };
+use runlimit_postgres::{BatchCheckError, CheckError, PostgresLimiter};
 use serde::Serialize;
+use tokio::task::JoinHandle;
 
-use crate::observe::TracingObserver;
+use crate::observe::{ErrorChain, TracingObserver};
 
 /// The store of the per-client `login-client` gate: always process-local and hard-bounded.
 pub type ClientStore = MemoryStore<SystemClock, TracingObserver>;
@@ -23,6 +25,8 @@ pub type ClientStore = MemoryStore<SystemClock, TracingObserver>;
 pub enum IdentityLimiter {
     /// Process-local (no `--database-url`): each replica counts on its own.
     Memory(MemoryStore<SystemClock, TracingObserver>),
+    /// Shared by every replica using the database (`--database-url`).
+    Postgres(PostgresLimiter<TracingObserver>),
 }
 
 /// Why the identity gate could not evaluate a check. The request is refused (503).
@@ -35,6 +39,14 @@ pub enum IdentityCheckError {
         /// The store's error.
         #[source]
         source: PoisonedShardError,
+    },
+    /// PostgreSQL failed; see [`CheckError::consumption`] for whether quota may have been
+    /// consumed (never retried automatically).
+    #[error("postgresql identity store unavailable")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: CheckError,
     },
 }
 
@@ -50,6 +62,13 @@ pub enum IdentityBatchError {
         #[source]
         source: MemoryBatchError,
     },
+    /// PostgreSQL rejected or failed the batch.
+    #[error("postgresql identity store rejected the batch")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: BatchCheckError,
+    },
 }
 
 impl Limiter for IdentityLimiter {
@@ -60,6 +79,9 @@ impl Limiter for IdentityLimiter {
     async fn check(&self, check: &Check<'_, FixedWindowPolicy>) -> Result<Decision, IdentityCheckError> {
         match self {
             Self::Memory(store) => store.check(check).map_err(|source| IdentityCheckError::Memory { source }),
+            Self::Postgres(limiter) => {
+                limiter.check(check).await.map_err(|source| IdentityCheckError::Postgres { source })
+            }
         }
     }
 
@@ -71,6 +93,9 @@ impl Limiter for IdentityLimiter {
             Self::Memory(store) => {
                 store.check_all(checks).map_err(|source| IdentityBatchError::Memory { source })
             }
+            Self::Postgres(limiter) => {
+                limiter.check_all(checks).await.map_err(|source| IdentityBatchError::Postgres { source })
+            }
         }
     }
 }
@@ -79,6 +104,7 @@ impl fmt::Debug for IdentityLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Memory(_) => f.write_str("IdentityLimiter::Memory"),
+            Self::Postgres(_) => f.write_str("IdentityLimiter::Postgres"),
         }
     }
 }
@@ -200,6 +226,7 @@ impl Backends {
     pub fn label(&self) -> &'static str {
         match *self.identity {
             IdentityLimiter::Memory(_) => "memory",
+            IdentityLimiter::Postgres(_) => "postgres",
         }
     }
 
@@ -207,11 +234,26 @@ impl Backends {
     /// shard (every admission touching one fails closed), and in PostgreSQL mode the database
     /// must answer `SELECT 1` within `timeout`.
     pub async fn readiness(&self, timeout: Duration) -> Readiness {
-        let _ = timeout;
         let label = self.label();
         let mut poisoned_shards = poisoned(&self.client.stats());
         match &*self.identity {
             IdentityLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
+            IdentityLimiter::Postgres(limiter) => {
+                let probe = sqlx::query("SELECT 1").execute(limiter.pool());
+                match tokio::time::timeout(timeout, probe).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => {
+                        tracing::warn!(error = %ErrorChain(&error), "readiness probe failed");
+                        return Readiness::unavailable(label, "database query failed".to_owned());
+                    }
+                    Err(_) => {
+                        return Readiness::unavailable(
+                            label,
+                            format!("database did not answer within {} ms", timeout.as_millis()),
+                        );
+                    }
+                }
+            }
         }
         match &*self.items {
             ItemsLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
@@ -223,5 +265,37 @@ impl Backends {
             );
         }
         Readiness::ready(label)
+    }
+}
+
+impl Backends {
+    /// In PostgreSQL mode, spawns the periodic bounded cleanup of expired counter rows
+    /// (`cleanup_expired(CLEANUP_BATCH_ROWS)` every `interval`; expiry alone does not free a
+    /// capacity-ledger slot). `None` in memory mode, whose stores clean up on every check.
+    #[must_use]
+    pub fn spawn_maintenance(&self, interval: Duration) -> Option<JoinHandle<()>> {
+        /// Rows removed per cleanup pass at most.
+        const CLEANUP_BATCH_ROWS: u32 = 1_000;
+
+        if !matches!(*self.identity, IdentityLimiter::Postgres(_)) {
+            return None;
+        }
+        let identity = Arc::clone(&self.identity);
+        Some(tokio::spawn(async move {
+            let IdentityLimiter::Postgres(limiter) = &*identity else { return };
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await {
+                    Ok(removed) => tracing::debug!(removed, "expired counter rows removed"),
+                    Err(error) => tracing::warn!(
+                        error = %ErrorChain(&error),
+                        may_have_removed_rows = error.may_have_removed_rows(),
+                        "cleanup of expired counter rows failed"
+                    ),
+                }
+            }
+        }))
     }
 }

@@ -4,9 +4,12 @@ use std::{
     io::{self, Write as _},
     net::SocketAddr,
     sync::Arc,
+    time::Duration,
 };
 
 use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError};
+use runlimit_postgres::{MigrationError, PostgresLimiter};
+use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -48,6 +51,20 @@ pub enum RunError {
         #[source]
         source: MemoryStoreConfigError,
     },
+    /// The database named by `--database-url` could not be reached.
+    #[error("failed to connect to PostgreSQL")]
+    Connect {
+        /// SQLx's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The runlimit-postgres migrations could not be applied.
+    #[error("failed to apply the runlimit-postgres migrations")]
+    Migrate {
+        /// Why.
+        #[source]
+        source: MigrationError,
+    },
     /// The listening socket could not be bound.
     #[error("failed to listen on {address}")]
     Bind {
@@ -86,14 +103,32 @@ fn memory_config(args: &Args) -> Result<MemoryStoreConfig, RunError> {
         .map_err(|source| RunError::MemoryConfig { source })
 }
 
+/// How long startup waits for the first PostgreSQL connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
     let observer = TracingObserver::new("memory");
     let client = Arc::new(MemoryStore::builder(config).with_observer(observer).build());
+    // The GCRA gate stays in memory in both modes until `PostgresGcraLimiter` (issue 5)
+    // exists; then it becomes `ItemsLimiter::Postgres` when a database URL is given.
     let items = Arc::new(ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()));
-    let identity =
-        Arc::new(IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()));
-    Ok(Backends { client, identity, items })
+    let identity = match &args.database_url {
+        None => IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()),
+        Some(url) => {
+            let pool = PgPoolOptions::new()
+                .max_connections(args.database_max_connections)
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .connect(url)
+                .await
+                .map_err(|source| RunError::Connect { source })?;
+            let limiter = PostgresLimiter::new(pool).with_observer(TracingObserver::new("postgres"));
+            limiter.migrate().await.map_err(|source| RunError::Migrate { source })?;
+            tracing::info!("runlimit-postgres migrations applied");
+            IdentityLimiter::Postgres(limiter)
+        }
+    };
+    Ok(Backends { client, identity: Arc::new(identity), items })
 }
 
 /// Runs the demo until SIGINT or SIGTERM.
@@ -127,15 +162,22 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     announce(address).map_err(|source| RunError::Announce { source })?;
     tracing::info!(
         port = address.port(),
-        shared_gates = label,
+        identity_gate = label,
+        client_gate = "memory",
+        items_gate = "memory",
         trusted_proxies = args.trusted_proxies.len(),
-        "serving; login-client and items gates are in memory (per process)"
+        "serving"
     );
 
-    axum::serve(listener, router(app).into_make_service_with_connect_info::<SocketAddr>())
+    let maintenance =
+        app.backends().spawn_maintenance(Duration::from_secs(args.cleanup_interval_secs.max(1)));
+    let served = axum::serve(listener, router(app).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|source| RunError::Serve { source })?;
+        .await;
+    if let Some(task) = maintenance {
+        task.abort();
+    }
+    served.map_err(|source| RunError::Serve { source })?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,0 +1,173 @@
+//! End to end, PostgreSQL mode: two replicas of the built `runlimit-demo` binary on two
+//! loopback ports, sharing one fresh database created for the test.
+//!
+//! Needs `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` (a role with `CREATEDB`); panics without it.
+//! The database `runlimit_demo_e2e` is dropped by the test itself (a failing test keeps it
+//! for inspection; the next run drops the leftover first).
+
+mod support;
+
+use http::StatusCode;
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use support::{ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, quota_exceeded_body};
+
+const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
+const DATABASE: &str = "runlimit_demo_e2e";
+
+fn admin_url() -> String {
+    std::env::var(DATABASE_URL_VARIABLE).unwrap_or_else(|_| {
+        panic!(
+            "{DATABASE_URL_VARIABLE} must name a PostgreSQL database whose role has CREATEDB, \
+             e.g. postgres://postgres@127.0.0.1:5432/test"
+        )
+    })
+}
+
+/// `admin` with its database path replaced by `database` (query parameters kept).
+fn with_database(admin: &str, database: &str) -> String {
+    let (base, query) = admin.split_once('?').map_or((admin, None), |(base, query)| (base, Some(query)));
+    let authority_start = base.find("://").map_or(0, |index| index + 3);
+    let base = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+async fn admin_sql(sql: String) {
+    let mut connection = PgConnection::connect(&admin_url()).await.expect("connect to the admin database");
+    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut connection).await.expect("admin statement");
+    connection.close().await.expect("close the admin connection");
+}
+
+#[test]
+fn database_urls() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/test", "x"),
+        "postgres://postgres@127.0.0.1:5432/x"
+    );
+    assert_eq!(
+        with_database("postgres://u:p@h/test?sslmode=disable", "x"),
+        "postgres://u:p@h/x?sslmode=disable"
+    );
+    assert_eq!(with_database("postgres://h:5432", "x"), "postgres://h:5432/x");
+}
+
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn two_replicas_share_the_identity_quota_and_keep_their_own_client_gates() {
+    let admin = admin_url();
+    admin_sql(format!(r#"DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)"#)).await;
+    admin_sql(format!(r#"CREATE DATABASE "{DATABASE}""#)).await;
+    let url = with_database(&admin, DATABASE);
+
+    let args = [
+        "--client-limit",
+        "5",
+        "--client-window-secs",
+        "60",
+        "--identity-limit",
+        "5",
+        "--identity-window-secs",
+        "60",
+    ];
+    let env = [("RUNLIMIT_KEY_SECRET", SECRET), ("DATABASE_URL", url.as_str())];
+    // Both replicas apply the migrations at start (the second finds them applied).
+    let a = Demo::start(&args, &env);
+    let b = Demo::start(&args, &env);
+    assert_ne!(a.address, b.address);
+    let http = Http::new();
+
+    for replica in [&a, &b] {
+        let reply = http.get(&replica.url("/healthz"), &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, r#"{"status":"ready","backend":"postgres"}"#);
+    }
+
+    let policy = Some(r#""login-client";q=5;w=60, "login-identity";q=5;w=60"#);
+    // Three logins on A, two on B: one identity quota of 5 across both replicas.
+    for (replica, client_left, identity_left) in [(&a, 4, 4), (&a, 3, 3), (&a, 2, 2), (&b, 4, 1), (&b, 3, 0)]
+    {
+        let reply = http.login(replica, ALICE, ALICE_PASSWORD).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert_fields(
+            &reply,
+            policy,
+            Some(&format!(r#""login-client";r={client_left};t=60, "login-identity";r={identity_left};t=60"#)),
+            None,
+        );
+    }
+    // The sixth is refused on either replica, by the shared identity gate.
+    for (replica, client_left) in [(&a, 1), (&b, 2)] {
+        let reply = http.login(replica, " ALICE@example.test", ALICE_PASSWORD).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+        assert_fields(
+            &reply,
+            policy,
+            Some(&format!(r#""login-client";r={client_left};t=60, "login-identity";r=0;t=60"#)),
+            Some("60"),
+        );
+        assert_eq!(reply.json(), quota_exceeded_body("login-identity", 60));
+    }
+
+    // The client gate is per process: A's is now exhausted, B's is not.
+    let reply = http.login(&a, "bob@example.test", "hunter2hunter2").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("ratelimit"), Some(r#""login-client";r=0;t=60, "login-identity";r=4;t=60"#));
+    let reply = http.login(&a, "bob@example.test", "hunter2hunter2").await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_fields(&reply, Some(r#""login-client";q=5;w=60"#), Some(r#""login-client";r=0;t=60"#), Some("60"));
+    assert_eq!(reply.json(), quota_exceeded_body("login-client", 60));
+    let reply = http.login(&b, "bob@example.test", "hunter2hunter2").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // ... while bob's identity count is shared: A's login left 4, this one leaves 3.
+    assert_eq!(reply.header("ratelimit"), Some(r#""login-client";r=1;t=60, "login-identity";r=3;t=60"#));
+
+    // The identity counters live in PostgreSQL (two subjects), the client counters do not.
+    let mut connection = PgConnection::connect(&url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM runlimit_fixed_windows")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2);
+    connection.close().await.unwrap();
+
+    // Losing the database fails closed: /healthz is 503 and logins are refused with 503.
+    admin_sql(format!(r#"DROP DATABASE "{DATABASE}" WITH (FORCE)"#)).await;
+    let reply = http.get(&b.url("/healthz"), &[]).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.body,
+        r#"{"status":"unavailable","backend":"postgres","reason":"database query failed"}"#
+    );
+    let reply = http.login(&b, "carol@example.test", "x").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(reply.header("ratelimit"), Some(r#""login-client";r=0;t=60"#));
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({
+            "type": "about:blank", "title": "Service Unavailable", "status": 503,
+            "detail": "rate-limit backend unavailable; the request was not admitted",
+        })
+    );
+
+    for replica in [a, b] {
+        let (status, stderr) = replica.terminate();
+        assert!(status.success(), "{stderr}");
+        assert!(stderr.contains("runlimit-postgres migrations applied"), "{stderr}");
+        assert!(
+            stderr.contains(
+                r#"admission backend="postgres" policy="demo.login" scope="identity" outcome="quota_exceeded""#
+            ),
+            "{stderr}"
+        );
+        for secret in ["alice", "ALICE", "bob@", "correct horse", "hunter2", "127.0.0.1", "postgres://"] {
+            assert!(!stderr.contains(secret), "stderr leaks {secret:?}:\n{stderr}");
+        }
+    }
+}
