@@ -368,7 +368,13 @@ impl Engine {
                     Ok(guard) => (guard, false),
                     Err(poisoned) => (poisoned.into_inner(), true),
                 };
-                ShardStats { shard_index, entries: guard.len(), capacity: guard.capacity(), poisoned }
+                ShardStats {
+                    shard_index,
+                    entries: guard.len(),
+                    capacity: guard.capacity(),
+                    headroom: guard.free(),
+                    poisoned,
+                }
             })
             .collect();
         MemoryStoreStats { shards }

@@ -6,8 +6,8 @@
 ///
 /// Shards are read one after another, so the snapshot is not atomic across shards. With the
 /// `serde` feature it serializes (for telemetry) as
-/// `{"shards": [{"shard_index": 0, "entries": 3, "capacity": 10, "poisoned": false}]}`; it
-/// carries no keys.
+/// `{"shards": [{"shard_index": 0, "entries": 3, "capacity": 10, "headroom": 7,
+/// "poisoned": false}]}`; it carries no keys.
 ///
 /// # Examples
 ///
@@ -76,15 +76,18 @@ pub struct ShardStats {
     pub entries: usize,
     /// The shard's fixed capacity.
     pub capacity: usize,
+    /// Free slots, `capacity - entries`: how many new keys the shard can take right now
+    /// (more once cleanup removes expired entries).
+    pub headroom: usize,
     /// Whether the shard is poisoned (its operations fail until
     /// [`recover_poisoned`](crate::MemoryStore::recover_poisoned)).
     pub poisoned: bool,
 }
 
 impl ShardStats {
-    /// Free slots: `capacity - entries`.
+    /// Free slots: `capacity - entries` (the [`headroom`](Self::headroom) field).
     #[must_use]
     pub fn headroom(&self) -> usize {
-        self.capacity.saturating_sub(self.entries)
+        self.headroom
     }
 }

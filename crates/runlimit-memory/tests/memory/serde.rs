@@ -50,9 +50,11 @@ fn stats_serialize_for_telemetry() {
     assert_eq!(
         serde_json::to_string(&stats).unwrap(),
         format!(
-            r#"{{"shards":[{{"shard_index":0,"entries":{},"capacity":3,"poisoned":false}},{{"shard_index":1,"entries":{},"capacity":2,"poisoned":false}}]}}"#,
+            r#"{{"shards":[{{"shard_index":0,"entries":{},"capacity":3,"headroom":{},"poisoned":false}},{{"shard_index":1,"entries":{},"capacity":2,"headroom":{},"poisoned":false}}]}}"#,
             entries(0),
-            entries(1)
+            3 - entries(0),
+            entries(1),
+            2 - entries(1)
         )
     );
 }
