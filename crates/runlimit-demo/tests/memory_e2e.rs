@@ -286,3 +286,63 @@ fn a_short_key_secret_is_refused_at_startup() {
         "runlimit-demo: invalid rate-limit options: invalid login-client policy: limit must be at least 1"
     );
 }
+
+#[tokio::test]
+async fn a_full_store_fails_closed_with_temporary_reduced_capacity() {
+    // Every memory store holds one key; clients are named by a trusted proxy's header.
+    let demo = Demo::start(
+        &[
+            "--memory-max-keys",
+            "1",
+            "--memory-shards",
+            "1",
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--items-quota",
+            "1",
+            "--items-period-secs",
+            "10",
+            "--items-burst",
+            "1",
+        ],
+        &[],
+    );
+    let http = Http::new();
+    let first = [("x-forwarded-for", "198.51.100.1")];
+    let second = [("x-forwarded-for", "198.51.100.2")];
+
+    assert_eq!(http.get(&demo.url("/items"), &first).await.status, StatusCode::OK);
+    // A new client does not fit: 503, retry when the one stored key expires (its GCRA state
+    // is fully replenished 10 s after its request).
+    let reply = http.get(&demo.url("/items"), &second).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_fields(&reply, None, None, Some("10"));
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+            "title": "Request cannot be satisfied due to temporary server capacity constraints",
+            "status": 503,
+            "detail": "rate-limit storage of policy \"items\" is full; retry later",
+            "violated-policies": ["items"],
+        })
+    );
+
+    // The identity store is full after one identity: the next identity is refused by the
+    // identity gate, and the response still describes the client gate it passed.
+    let body = serde_json::json!({ "identity": ALICE, "password": ALICE_PASSWORD }).to_string();
+    let reply = http.post_json(&demo.url("/login"), &body, &first).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let body =
+        serde_json::json!({ "identity": "bob@example.test", "password": "hunter2hunter2" }).to_string();
+    let reply = http.post_json(&demo.url("/login"), &body, &first).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_fields(
+        &reply,
+        Some(r#""login-client";q=40;w=60"#),
+        Some(r#""login-client";r=38;t=60"#),
+        Some("600"),
+    );
+    assert_eq!(reply.json()["violated-policies"], serde_json::json!(["login-identity"]));
+}
