@@ -228,11 +228,17 @@ pub enum BatchCheckError {
     /// (empty, more than [`PostgresLimiter::MAX_BATCH_SIZE`](crate::PostgresLimiter::MAX_BATCH_SIZE)
     /// checks, mixed quota modes, duplicate counter keys). Nothing was consumed and no
     /// connection was acquired.
-    #[error(transparent)]
-    InvalidBatch(#[from] BatchError),
+    #[error("invalid batch")]
+    InvalidBatch(#[source] BatchError),
     /// A failure shared with single checks.
     #[error(transparent)]
     Check(#[from] CheckError),
+}
+
+impl From<BatchError> for BatchCheckError {
+    fn from(error: BatchError) -> Self {
+        Self::InvalidBatch(error)
+    }
 }
 
 impl BatchCheckError {
@@ -476,7 +482,12 @@ mod tests {
                 .to_string(),
             "malformed database response in the update phase: affected row count differs"
         );
-        assert_eq!(BatchCheckError::from(BatchError::EmptyBatch).to_string(), "empty batch");
+        let invalid = BatchCheckError::from(BatchError::EmptyBatch);
+        assert_eq!(invalid.to_string(), "invalid batch");
+        assert_eq!(
+            std::error::Error::source(&invalid).map(ToString::to_string).as_deref(),
+            Some("empty batch")
+        );
         assert_eq!(
             format!("{:?}", CheckError::Acquire { source: sqlx::Error::PoolTimedOut }),
             "Acquire { source: PoolTimedOut }"

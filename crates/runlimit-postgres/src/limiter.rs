@@ -717,13 +717,13 @@ impl<O: Observer> Limiter for PostgresLimiter<O> {
         &self,
         check: &Check<'_, Self::Policy>,
     ) -> impl Future<Output = Result<Decision, Self::CheckError>> + Send {
-        PostgresLimiter::check(self, check)
+        Self::check(self, check)
     }
 
     fn check_all(
         &self,
         checks: &[Check<'_, Self::Policy>],
     ) -> impl Future<Output = Result<BatchDecision, Self::CheckAllError>> + Send {
-        PostgresLimiter::check_all(self, checks)
+        Self::check_all(self, checks)
     }
 }

@@ -1,1 +1,3 @@
-//! Operations guide (placeholder).
+//! Operations guide for the PostgreSQL fixed-window backend (documentation only).
+//!
+#![doc = include_str!("operations.md")]

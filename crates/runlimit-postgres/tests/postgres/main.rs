@@ -13,6 +13,7 @@
 mod support;
 
 mod capacity;
+mod differential;
 mod faults;
 mod migrations;
 mod observer;

@@ -42,9 +42,9 @@ async fn four_replicas_never_exceed_the_limit_nor_half_commit() {
         policy("replicas.b", LIMIT, Duration::from_secs(600)),
     ]);
     let mut handles = Vec::new();
-    for replica in 0..REPLICAS {
+    for (replica, limiter) in replicas.iter().enumerate() {
         for task in 0..TASKS_PER_REPLICA {
-            let limiter = Arc::clone(&replicas[replica]);
+            let limiter = Arc::clone(limiter);
             let policies = Arc::clone(&policies);
             handles.push(tokio::spawn(async move {
                 let mut random =

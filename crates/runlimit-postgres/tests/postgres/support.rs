@@ -17,23 +17,23 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 
-pub const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
+pub(crate) const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
 
 /// The admin URL. Panics (never silently passes) when the variable is missing.
-pub fn admin_url() -> String {
+pub(crate) fn admin_url() -> String {
     std::env::var(DATABASE_URL_VARIABLE).unwrap_or_else(|_| {
         panic!("{DATABASE_URL_VARIABLE} must name a PostgreSQL database whose role has CREATEDB, e.g. postgres://postgres@127.0.0.1:5432/test")
     })
 }
 
-pub struct TestDatabase {
-    pub name: String,
-    pub options: PgConnectOptions,
+pub(crate) struct TestDatabase {
+    pub(crate) name: String,
+    pub(crate) options: PgConnectOptions,
 }
 
 impl TestDatabase {
     /// Creates the fresh database `runlimit_pg_<test>`.
-    pub async fn create(test: &str) -> Self {
+    pub(crate) async fn create(test: &str) -> Self {
         let admin = PgConnectOptions::from_str(&admin_url()).expect("valid database URL");
         let name = format!("runlimit_pg_{test}");
         assert!(name.len() <= 63, "database name {name} too long");
@@ -52,33 +52,33 @@ impl TestDatabase {
     }
 
     /// A pool on the test database.
-    pub async fn pool(&self, max_connections: u32) -> PgPool {
+    pub(crate) async fn pool(&self, max_connections: u32) -> PgPool {
         self.pool_with(PgPoolOptions::new().max_connections(max_connections), self.options.clone()).await
     }
 
-    pub async fn pool_with(&self, pool: PgPoolOptions, options: PgConnectOptions) -> PgPool {
+    pub(crate) async fn pool_with(&self, pool: PgPoolOptions, options: PgConnectOptions) -> PgPool {
         pool.acquire_timeout(Duration::from_secs(30)).connect_with(options).await.expect("connect test pool")
     }
 
     /// A dedicated connection for assertions and fault injection.
-    pub async fn connection(&self) -> PgConnection {
+    pub(crate) async fn connection(&self) -> PgConnection {
         self.options.connect().await.expect("connect to the test database")
     }
 
     /// A migrated limiter on a fresh pool.
-    pub async fn limiter(&self, max_connections: u32) -> PostgresLimiter {
+    pub(crate) async fn limiter(&self, max_connections: u32) -> PostgresLimiter {
         let limiter = PostgresLimiter::new(self.pool(max_connections).await);
         limiter.migrate().await.expect("migrate");
         limiter
     }
 
     /// A migrated limiter with `config` on a fresh pool.
-    pub async fn limiter_with(&self, max_connections: u32, config: PostgresConfig) -> PostgresLimiter {
+    pub(crate) async fn limiter_with(&self, max_connections: u32, config: PostgresConfig) -> PostgresLimiter {
         self.limiter(max_connections).await.with_config(config)
     }
 
     /// Drops the database; call it last in a passing test.
-    pub async fn finish(self) {
+    pub(crate) async fn finish(self) {
         let admin = PgConnectOptions::from_str(&admin_url()).expect("valid database URL");
         let mut connection = admin.connect().await.expect("connect to the admin database");
         sqlx::raw_sql(AssertSqlSafe(format!(r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#, self.name)))
@@ -89,14 +89,14 @@ impl TestDatabase {
     }
 }
 
-pub fn policy(id: &str, limit: u64, window: Duration) -> FixedWindowPolicy {
+pub(crate) fn policy(id: &str, limit: u64, window: Duration) -> FixedWindowPolicy {
     FixedWindowPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("subject").unwrap(), limit, window)
         .unwrap()
 }
 
 /// A subject key whose capacity shard is `shard` (byte 0 of the subject is byte 32 of the
 /// counter key) and whose other bytes encode `n`.
-pub fn subject(shard: u8, n: u64) -> SubjectKey {
+pub(crate) fn subject(shard: u8, n: u64) -> SubjectKey {
     let mut digest = [0u8; 32];
     digest[0] = shard;
     digest[1..9].copy_from_slice(&n.to_be_bytes());
@@ -104,12 +104,12 @@ pub fn subject(shard: u8, n: u64) -> SubjectKey {
     SubjectKey::from_digest(digest)
 }
 
-pub fn check(policy: &FixedWindowPolicy, subject: SubjectKey) -> Check<'_, FixedWindowPolicy> {
+pub(crate) fn check(policy: &FixedWindowPolicy, subject: SubjectKey) -> Check<'_, FixedWindowPolicy> {
     Check::new(subject.bind(policy))
 }
 
 /// The stored `used` of a counter, or `None` when it has no row.
-pub async fn stored_used(connection: &mut PgConnection, check: &Check<'_, FixedWindowPolicy>) -> Option<i64> {
+pub(crate) async fn stored_used(connection: &mut PgConnection, check: &Check<'_, FixedWindowPolicy>) -> Option<i64> {
     sqlx::query_scalar("SELECT used FROM public.runlimit_fixed_windows WHERE counter_key = $1")
         .bind(check.counter_key().to_bytes().as_slice())
         .fetch_optional(connection)
@@ -117,12 +117,12 @@ pub async fn stored_used(connection: &mut PgConnection, check: &Check<'_, FixedW
         .expect("read counter")
 }
 
-pub fn config() -> PostgresConfig {
+pub(crate) fn config() -> PostgresConfig {
     PostgresConfig::default()
 }
 
 /// The SQLSTATE of a database error inside a check error, if any.
-pub fn sqlstate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+pub(crate) fn sqlstate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut current = Some(error);
     while let Some(error) = current {
         if let Some(sqlx::Error::Database(database)) = error.downcast_ref::<sqlx::Error>() {
@@ -135,7 +135,7 @@ pub fn sqlstate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
 
 /// Waits until a backend of database `database` other than `except` waits on a lock, and
 /// returns its pid.
-pub async fn waiting_backend(connection: &mut PgConnection, database: &str, except: i32) -> i32 {
+pub(crate) async fn waiting_backend(connection: &mut PgConnection, database: &str, except: i32) -> i32 {
     for _ in 0..500 {
         let pid: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_catalog.pg_stat_activity \
@@ -155,7 +155,7 @@ pub async fn waiting_backend(connection: &mut PgConnection, database: &str, exce
 }
 
 /// The ledger row count of `shard`.
-pub async fn ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
+pub(crate) async fn ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
     sqlx::query_scalar("SELECT row_count FROM public.runlimit_fixed_window_shards WHERE shard = $1")
         .bind(shard)
         .fetch_one(connection)
@@ -165,7 +165,7 @@ pub async fn ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
 
 /// Where a [`Proxy`] cuts a connection.
 #[derive(Clone, Copy, Debug)]
-pub enum Cut {
+pub(crate) enum Cut {
     /// Drop both sides when a client message containing the pattern arrives, without
     /// forwarding it: the server never sees it and rolls back when the session ends.
     BeforeForwarding(&'static [u8]),
@@ -177,13 +177,13 @@ pub enum Cut {
 
 /// A loopback TCP proxy in front of the test server that can cut a connection once, on a
 /// pattern in the client's bytes (`../shared/spec/sqlx-postgres.md` §13).
-pub struct Proxy {
-    pub port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     armed: std::sync::Arc<std::sync::Mutex<Option<Cut>>>,
 }
 
 impl Proxy {
-    pub async fn start(upstream: &PgConnectOptions) -> Self {
+    pub(crate) async fn start(upstream: &PgConnectOptions) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let target = format!("{}:{}", upstream.get_host(), upstream.get_port());
@@ -204,12 +204,12 @@ impl Proxy {
     }
 
     /// Cuts the next connection whose client sends the pattern.
-    pub fn arm(&self, cut: Cut) {
+    pub(crate) fn arm(&self, cut: Cut) {
         *self.armed.lock().unwrap() = Some(cut);
     }
 
     /// Connect options for `database` through the proxy.
-    pub fn options(&self, base: &PgConnectOptions) -> PgConnectOptions {
+    pub(crate) fn options(&self, base: &PgConnectOptions) -> PgConnectOptions {
         base.clone().host("127.0.0.1").port(self.port)
     }
 }
