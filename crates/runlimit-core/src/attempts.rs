@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::{
+    delay::Delay,
     id::{PolicyId, ScopeId},
     policy::{PolicyError, PolicyFingerprint, QuotaPeriod},
 };
@@ -147,6 +148,224 @@ impl AttemptPolicy {
     }
 }
 
+/// How an admitted attempt ended, reported when its receipt is completed.
+///
+/// Exhaustive on purpose: every caller names each outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptOutcome {
+    /// Full success: the consecutive failure count and retry delay reset to zero.
+    Success,
+    /// The attempt failed (for example, a wrong password): one more consecutive failure.
+    Failure,
+    /// The caller gave up on the attempt without a verdict. Counted exactly like
+    /// [`Failure`](Self::Failure), so abandoning never refunds an admission.
+    Abandoned,
+}
+
+/// Why an attempt was not admitted. Exhaustive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptDenial {
+    /// Another attempt for the same subject holds a live lease. `retry_after` is the time until
+    /// that lease's deadline, whole milliseconds; if the holder then fails, the backoff delay
+    /// follows on top of it.
+    InProgress {
+        /// Time until the active lease expires.
+        retry_after: Delay,
+    },
+    /// The subject is backing off after `consecutive_failures` failures. `retry_after` is the
+    /// remaining part of [`AttemptPolicy::retry_delay`] measured from the latest failure,
+    /// whole milliseconds (PostgreSQL: may overstate by commit and transport latency).
+    Backoff {
+        /// Time until the next attempt is admitted.
+        retry_after: Delay,
+        /// Consecutive failures recorded for the subject (saturates at `u32::MAX`).
+        consecutive_failures: u32,
+    },
+    /// The subject has no stored state and the backend's storage (shard) is full. Active
+    /// failure state is never evicted to make room. `retry_after` is the earliest time an
+    /// existing entry expires, when the backend knows it.
+    StorageCapacity {
+        /// Earliest known time at which room may free up.
+        retry_after: Option<Delay>,
+    },
+}
+
+impl AttemptDenial {
+    /// The denial's retry delay: `Some` for every reason except a storage-capacity denial
+    /// without a known expiry.
+    #[must_use]
+    pub const fn retry_after(&self) -> Option<Delay> {
+        match *self {
+            Self::InProgress { retry_after } | Self::Backoff { retry_after, .. } => Some(retry_after),
+            Self::StorageCapacity { retry_after } => retry_after,
+        }
+    }
+
+    /// The reason without its measurements, for telemetry.
+    #[must_use]
+    pub const fn reason(&self) -> AttemptDenialReason {
+        match self {
+            Self::InProgress { .. } => AttemptDenialReason::InProgress,
+            Self::Backoff { .. } => AttemptDenialReason::Backoff,
+            Self::StorageCapacity { .. } => AttemptDenialReason::StorageCapacity,
+        }
+    }
+}
+
+/// The reason of an [`AttemptDenial`] without its measurements. Exhaustive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptDenialReason {
+    /// [`AttemptDenial::InProgress`].
+    InProgress,
+    /// [`AttemptDenial::Backoff`].
+    Backoff,
+    /// [`AttemptDenial::StorageCapacity`].
+    StorageCapacity,
+}
+
+/// The result of an attempt admission: the backend's opaque receipt `R`, or a denial.
+///
+/// The receipt is consumed by completing it. Dropping it is no refund: the lease expires as a
+/// failure evaluated at the lease deadline.
+#[must_use = "an admitted attempt's receipt must be completed; dropping it counts as a failure at the lease deadline"]
+#[derive(Debug)]
+pub enum AttemptDecision<R> {
+    /// Admitted: the receipt holds the subject's single active lease.
+    Admitted(R),
+    /// Not admitted.
+    Denied(AttemptDenial),
+}
+
+/// What completing a receipt recorded. Exhaustive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptCompletionResult {
+    /// [`AttemptOutcome::Success`] was recorded: retry state is reset.
+    Reset,
+    /// A failure or abandonment was recorded.
+    FailureRecorded {
+        /// Consecutive failures now recorded (saturates at `u32::MAX`).
+        consecutive_failures: u32,
+        /// The retry delay before the next admission, from the completion instant: exactly
+        /// [`AttemptPolicy::retry_delay`]`(consecutive_failures)`.
+        retry_after: Delay,
+    },
+    /// The receipt no longer holds the live reservation: its lease expired (and was counted as a
+    /// failure at its deadline) or it was otherwise superseded. Nothing was recorded; a late
+    /// success never resets a newer reservation.
+    Stale,
+}
+
+/// Receives attempt observations from an attempt limiter.
+///
+/// Callbacks run synchronously after memory locks are released or database transactions are
+/// finalized. Backends call them through [`notify_attempt`], which catches panics, so
+/// telemetry can never change an attempt result. `()` is the no-op observer.
+pub trait AttemptObserver: Send + Sync {
+    /// Called once per admission or completion.
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        let _ = observation;
+    }
+}
+
+impl AttemptObserver for () {}
+
+impl<O: AttemptObserver + ?Sized> AttemptObserver for std::sync::Arc<O> {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        (**self).observe_attempt(observation);
+    }
+}
+
+impl<O: AttemptObserver + ?Sized> AttemptObserver for Box<O> {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        (**self).observe_attempt(observation);
+    }
+}
+
+impl<O: AttemptObserver + ?Sized> AttemptObserver for &O {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        (**self).observe_attempt(observation);
+    }
+}
+
+/// Delivers `observation` to `observer`, catching a panic. Returns `false` when the observer
+/// panicked.
+pub fn notify_attempt<O: AttemptObserver + ?Sized>(
+    observer: &O,
+    observation: &AttemptObservation<'_>,
+) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.observe_attempt(observation))).is_ok()
+}
+
+/// Which attempt operation an observation describes. Exhaustive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptOperation {
+    /// An admission (`acquire`).
+    Admission,
+    /// A standalone completion with the given outcome.
+    Completion(AttemptOutcome),
+}
+
+/// How an observed attempt operation ended. Exhaustive, and free of subjects and tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptEvent {
+    /// An attempt was admitted (committed, for PostgreSQL).
+    Admitted,
+    /// An admission was denied.
+    Denied(AttemptDenialReason),
+    /// A completion was recorded (committed, for PostgreSQL).
+    Completed(AttemptOutcome),
+    /// A completion found its receipt stale; nothing was recorded.
+    Stale,
+    /// The operation's commit outcome is unknown: it may have taken effect. Never replay it
+    /// automatically.
+    UncertainCommit,
+    /// The operation failed and definitely had no effect.
+    Failed,
+}
+
+/// One attempt operation's telemetry: policy identity, operation, event and elapsed time.
+/// Never includes the subject key or a receipt token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptObservation<'a> {
+    policy: &'a AttemptPolicy,
+    operation: AttemptOperation,
+    event: AttemptEvent,
+    elapsed: Duration,
+}
+
+impl<'a> AttemptObservation<'a> {
+    /// An observation.
+    #[must_use]
+    pub const fn new(
+        policy: &'a AttemptPolicy,
+        operation: AttemptOperation,
+        event: AttemptEvent,
+        elapsed: Duration,
+    ) -> Self {
+        Self { policy, operation, event, elapsed }
+    }
+    /// The policy (its identifier, scope and fingerprint; no subject).
+    #[must_use]
+    pub const fn policy(&self) -> &'a AttemptPolicy {
+        self.policy
+    }
+    /// The operation.
+    #[must_use]
+    pub const fn operation(&self) -> AttemptOperation {
+        self.operation
+    }
+    /// How it ended.
+    #[must_use]
+    pub const fn event(&self) -> AttemptEvent {
+        self.event
+    }
+    /// Wall time the backend spent on the operation.
+    #[must_use]
+    pub const fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+}
+
 #[cfg(feature = "serde")]
 mod serde_impls {
     use super::*;
@@ -225,5 +444,39 @@ mod tests {
         assert_eq!(got, [0, 100, 200, 400, 800, 1_000, 1_000, 1_000]);
         assert_eq!(p.retry_delay(64).as_millis(), 1_000);
         assert_eq!(p.retry_delay(u32::MAX).as_millis(), 1_000);
+    }
+
+    struct Panics;
+    impl AttemptObserver for Panics {
+        fn observe_attempt(&self, _: &AttemptObservation<'_>) {
+            panic!("observer bug");
+        }
+    }
+
+    #[test]
+    fn notify_attempt_isolates_panics() {
+        let policy = new(1, 5, 5, 1).unwrap();
+        let observation = AttemptObservation::new(
+            &policy,
+            AttemptOperation::Completion(AttemptOutcome::Abandoned),
+            AttemptEvent::Completed(AttemptOutcome::Abandoned),
+            Duration::ZERO,
+        );
+        assert!(!notify_attempt(&Panics, &observation));
+        assert!(notify_attempt(&(), &observation));
+        assert_eq!(observation.event(), AttemptEvent::Completed(AttemptOutcome::Abandoned));
+    }
+
+    #[test]
+    fn denial_accessors() {
+        let backoff =
+            AttemptDenial::Backoff { retry_after: Delay::from_millis(400), consecutive_failures: 3 };
+        assert_eq!(backoff.retry_after(), Some(Delay::from_millis(400)));
+        assert_eq!(backoff.reason(), AttemptDenialReason::Backoff);
+        assert_eq!(AttemptDenial::StorageCapacity { retry_after: None }.retry_after(), None);
+        assert_eq!(
+            AttemptDenial::InProgress { retry_after: Delay::from_millis(7) }.reason(),
+            AttemptDenialReason::InProgress
+        );
     }
 }

@@ -150,6 +150,7 @@
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod attempts;
 mod clock;
 mod config;
 mod engine;
@@ -164,6 +165,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use crate::attempts::{MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt};
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::config::{
     DEFAULT_EXPIRED_REMOVALS_PER_CHECK, DEFAULT_MAXIMUM_BATCH_SIZE, DEFAULT_SHARD_COUNT, MAX_BATCH_SIZE,

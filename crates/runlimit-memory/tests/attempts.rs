@@ -1,0 +1,338 @@
+//! Manual-clock tests of `MemoryAttemptLimiter` (issue 7): every delay of the backoff sequence,
+//! the cap, quiet expiry, lease expiry as a failure, late success, capacity and observers.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use runlimit_core::{
+    AttemptSubject, Delay, KeyHasher, PolicyId, ScopeId,
+    attempts::{
+        AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptDenialReason, AttemptEvent,
+        AttemptObservation, AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
+    },
+};
+use runlimit_memory::{Clock, ManualClock, MemoryAttemptLimiter, MemoryAttemptReceipt, MemoryStoreConfig};
+
+/// initial 100 ms, cap 1,000 ms, quiet 5,000 ms, lease 50 ms.
+fn policy() -> AttemptPolicy {
+    AttemptPolicy::new(
+        PolicyId::new("auth.password").unwrap(),
+        ScopeId::new("identity").unwrap(),
+        Duration::from_millis(100),
+        Duration::from_millis(1_000),
+        Duration::from_millis(5_000),
+        Duration::from_millis(50),
+    )
+    .unwrap()
+}
+
+fn hasher() -> KeyHasher {
+    KeyHasher::new(&[42; 32]).unwrap()
+}
+
+fn limiter(max_keys: usize, clock: &ManualClock) -> MemoryAttemptLimiter<ManualClock> {
+    MemoryAttemptLimiter::builder(MemoryStoreConfig::new(max_keys).unwrap()).with_clock(clock.clone()).build()
+}
+
+fn admit<C: Clock, O: AttemptObserver>(
+    limiter: &MemoryAttemptLimiter<C, O>,
+    subject: &AttemptSubject<'_>,
+) -> MemoryAttemptReceipt {
+    match limiter.acquire(subject).unwrap() {
+        AttemptDecision::Admitted(receipt) => receipt,
+        AttemptDecision::Denied(denial) => panic!("expected admission, got {denial:?}"),
+    }
+}
+
+fn denial<C: Clock, O: AttemptObserver>(
+    limiter: &MemoryAttemptLimiter<C, O>,
+    subject: &AttemptSubject<'_>,
+) -> AttemptDenial {
+    match limiter.acquire(subject).unwrap() {
+        AttemptDecision::Admitted(receipt) => panic!("expected denial, got {receipt:?}"),
+        AttemptDecision::Denied(denial) => denial,
+    }
+}
+
+fn failure(failures: u32, millis: u64) -> AttemptCompletionResult {
+    AttemptCompletionResult::FailureRecorded {
+        consecutive_failures: failures,
+        retry_after: Delay::from_millis(millis),
+    }
+}
+
+fn backoff(failures: u32, millis: u64) -> AttemptDenial {
+    AttemptDenial::Backoff { retry_after: Delay::from_millis(millis), consecutive_failures: failures }
+}
+
+#[test]
+fn backoff_sequence_doubles_to_the_cap_and_success_resets() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let subject = hasher().hash_attempt_for(&policy, b"user@example.test");
+    let expected = [100, 200, 400, 800, 1_000, 1_000, 1_000];
+    for (index, &delay) in expected.iter().enumerate() {
+        let failures = u32::try_from(index + 1).unwrap();
+        let receipt = admit(&limiter, &subject);
+        clock.advance_millis(10);
+        assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(failures, delay));
+        assert_eq!(denial(&limiter, &subject), backoff(failures, delay));
+        clock.advance_millis(delay - 1);
+        assert_eq!(denial(&limiter, &subject), backoff(failures, 1), "one millisecond early");
+        clock.advance_millis(1);
+    }
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
+    assert!(limiter.is_empty(), "success frees the slot");
+    // After the reset the next failure starts at the initial delay again.
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Abandoned).unwrap(), failure(1, 100));
+}
+
+#[test]
+fn only_one_active_attempt_per_subject_and_subjects_are_independent() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let hasher = hasher();
+    let alice = hasher.hash_attempt_for(&policy, b"alice");
+    let bob = hasher.hash_attempt_for(&policy, b"bob");
+    let receipt = admit(&limiter, &alice);
+    clock.advance_millis(20);
+    assert_eq!(denial(&limiter, &alice), AttemptDenial::InProgress { retry_after: Delay::from_millis(30) });
+    let other = admit(&limiter, &bob);
+    assert_eq!(limiter.complete(other, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
+    drop(admit(&limiter, &alice));
+}
+
+#[test]
+fn dropped_receipt_expires_as_a_failure_at_the_lease_deadline() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    clock.set(Duration::from_millis(1_000));
+    drop(admit(&limiter, &subject)); // lease until 1,050
+    clock.set(Duration::from_millis(1_049));
+    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(1) });
+    // At 1,060 the lease (deadline 1,050) counts as failure 1 at 1,050: backoff until 1,150.
+    clock.set(Duration::from_millis(1_060));
+    assert_eq!(denial(&limiter, &subject), backoff(1, 90));
+    clock.set(Duration::from_millis(1_150));
+    // A second dropped lease: failure 2 at 1,200, backoff 200 until 1,400.
+    drop(admit(&limiter, &subject));
+    clock.set(Duration::from_millis(1_399));
+    assert_eq!(denial(&limiter, &subject), backoff(2, 1));
+    clock.set(Duration::from_millis(1_400));
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(3, 400));
+}
+
+#[test]
+fn late_completion_is_stale_and_cannot_reset_a_newer_reservation() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    let old = admit(&limiter, &subject); // lease until 50
+    clock.set(Duration::from_millis(150)); // failure 1 at 50, backoff until 150
+    let newer = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(old, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+    // The newer reservation still holds the lease and the expired one's failure stands.
+    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(50) });
+    assert_eq!(limiter.complete(newer, AttemptOutcome::Failure).unwrap(), failure(2, 200));
+
+    // A success after its own lease deadline is stale too: the lease already failed.
+    clock.set(Duration::from_millis(350));
+    let late = admit(&limiter, &subject);
+    clock.set(Duration::from_millis(400));
+    assert_eq!(limiter.complete(late, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+    assert_eq!(denial(&limiter, &subject), backoff(3, 400));
+}
+
+#[test]
+fn quiet_period_forgets_failures_but_never_an_active_lease() {
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let policy = policy();
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    for expected in [(1, 100), (2, 200), (3, 400)] {
+        let receipt = admit(&limiter, &subject);
+        assert_eq!(
+            limiter.complete(receipt, AttemptOutcome::Failure).unwrap(),
+            failure(expected.0, expected.1)
+        );
+        clock.advance_millis(expected.1);
+    }
+    // The last failure was at 300; quiet expiry at 5,300.
+    clock.set(Duration::from_millis(5_299));
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(4, 800));
+    clock.set(Duration::from_millis(5_299 + 5_000));
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100), "forgotten");
+
+    // A lease longer than the quiet period is never erased by quiet expiry.
+    let long = AttemptPolicy::new(
+        PolicyId::new("auth.password").unwrap(),
+        ScopeId::new("long-lease").unwrap(),
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+        Duration::from_millis(10_000),
+    )
+    .unwrap();
+    let clock = ManualClock::new();
+    let limiter =
+        MemoryAttemptLimiter::builder(MemoryStoreConfig::new(1).unwrap()).with_clock(clock.clone()).build();
+    let subject = hasher().hash_attempt_for(&long, b"user");
+    let receipt = admit(&limiter, &subject);
+    clock.set(Duration::from_millis(9_999));
+    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(1) });
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100));
+}
+
+#[test]
+fn backwards_clock_readings_are_clamped() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(10, &clock);
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    clock.set(Duration::from_millis(10_000));
+    let receipt = admit(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100));
+    clock.set(Duration::from_millis(0));
+    assert_eq!(denial(&limiter, &subject), backoff(1, 100), "a backwards step never shortens a delay");
+}
+
+#[test]
+fn full_storage_fails_closed_and_reclaims_only_expired_entries() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let limiter = limiter(2, &clock);
+    let hasher = hasher();
+    let a = hasher.hash_attempt_for(&policy, b"a");
+    let b = hasher.hash_attempt_for(&policy, b"b");
+    let c = hasher.hash_attempt_for(&policy, b"c");
+    let held = admit(&limiter, &a); // live lease: expires (as state) at 50 + 5,000
+    let failed = admit(&limiter, &b);
+    clock.set(Duration::from_millis(10));
+    assert_eq!(limiter.complete(failed, AttemptOutcome::Failure).unwrap(), failure(1, 100)); // state until 5,010
+    assert_eq!(
+        denial(&limiter, &c),
+        AttemptDenial::StorageCapacity { retry_after: Some(Delay::from_millis(5_000)) }
+    );
+    clock.set(Duration::from_millis(5_009));
+    assert_eq!(
+        denial(&limiter, &c),
+        AttemptDenial::StorageCapacity { retry_after: Some(Delay::from_millis(1)) }
+    );
+    // b's failure state (5,010) expires; a's lease failed at 50 and expires at 5,050.
+    clock.set(Duration::from_millis(5_010));
+    let receipt = admit(&limiter, &c);
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.complete(held, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+    // The lease counted as failure 1 at 50; its backoff is long over, so the next failure is the 2nd.
+    let again = admit(&limiter, &a);
+    assert_eq!(limiter.complete(again, AttemptOutcome::Failure).unwrap(), failure(2, 200));
+    drop(receipt);
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(AttemptOperation, AttemptEvent)>>);
+
+impl AttemptObserver for Recorder {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        assert_eq!(observation.policy().id().as_str(), "auth.password");
+        self.0.lock().unwrap().push((observation.operation(), observation.event()));
+    }
+}
+
+struct Panics;
+impl AttemptObserver for Panics {
+    fn observe_attempt(&self, _: &AttemptObservation<'_>) {
+        panic!("observer bug");
+    }
+}
+
+#[test]
+fn observers_see_every_outcome_and_cannot_change_results() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let recorder = Arc::new(Recorder::default());
+    let limiter = MemoryAttemptLimiter::builder(MemoryStoreConfig::new(10).unwrap())
+        .with_clock(clock.clone())
+        .with_observer(Arc::clone(&recorder))
+        .build();
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    let receipt = admit(&limiter, &subject);
+    let _ = denial(&limiter, &subject);
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100));
+    let _ = denial(&limiter, &subject);
+    clock.advance_millis(100);
+    let stale = admit(&limiter, &subject);
+    clock.advance_millis(50);
+    assert_eq!(limiter.complete(stale, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        [
+            (AttemptOperation::Admission, AttemptEvent::Admitted),
+            (AttemptOperation::Admission, AttemptEvent::Denied(AttemptDenialReason::InProgress)),
+            (
+                AttemptOperation::Completion(AttemptOutcome::Failure),
+                AttemptEvent::Completed(AttemptOutcome::Failure)
+            ),
+            (AttemptOperation::Admission, AttemptEvent::Denied(AttemptDenialReason::Backoff)),
+            (AttemptOperation::Admission, AttemptEvent::Admitted),
+            (AttemptOperation::Completion(AttemptOutcome::Success), AttemptEvent::Stale),
+        ]
+    );
+
+    let panicking = MemoryAttemptLimiter::builder(MemoryStoreConfig::new(10).unwrap())
+        .with_clock(ManualClock::new())
+        .with_observer(Panics)
+        .build();
+    let receipt = admit(&panicking, &subject);
+    assert_eq!(panicking.complete(receipt, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
+}
+
+#[test]
+fn receipts_are_redacted_and_bound_to_their_limiter() {
+    let policy = policy();
+    let clock = ManualClock::new();
+    let first = limiter(10, &clock);
+    let second = limiter(10, &clock);
+    let subject = hasher().hash_attempt_for(&policy, b"user");
+    let receipt = admit(&first, &subject);
+    let _other = admit(&second, &subject);
+    assert_eq!(format!("{receipt:?}"), "MemoryAttemptReceipt { policy: PolicyId(\"auth.password\"), .. }");
+    assert_eq!(second.complete(receipt, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+}
+
+#[test]
+fn concurrent_acquires_admit_exactly_one() {
+    let policy = policy();
+    let limiter = Arc::new(MemoryAttemptLimiter::new(MemoryStoreConfig::new(10).unwrap()));
+    let hasher = hasher();
+    let admitted: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                let subject = hasher.hash_attempt_for(&policy, b"user");
+                scope.spawn(move || match limiter.acquire(&subject).unwrap() {
+                    AttemptDecision::Admitted(receipt) => {
+                        std::mem::forget(receipt);
+                        1
+                    }
+                    AttemptDecision::Denied(_) => 0,
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 1);
+}
