@@ -109,7 +109,10 @@ pub(crate) fn check(policy: &FixedWindowPolicy, subject: SubjectKey) -> Check<'_
 }
 
 /// The stored `used` of a counter, or `None` when it has no row.
-pub(crate) async fn stored_used(connection: &mut PgConnection, check: &Check<'_, FixedWindowPolicy>) -> Option<i64> {
+pub(crate) async fn stored_used(
+    connection: &mut PgConnection,
+    check: &Check<'_, FixedWindowPolicy>,
+) -> Option<i64> {
     sqlx::query_scalar("SELECT used FROM public.runlimit_fixed_windows WHERE counter_key = $1")
         .bind(check.counter_key().to_bytes().as_slice())
         .fetch_optional(connection)
