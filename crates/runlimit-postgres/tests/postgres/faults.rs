@@ -243,3 +243,44 @@ async fn a_lost_commit_acknowledgement_may_have_consumed() {
     assert_eq!(stored_used(&mut observer, &check).await, Some(2));
     db.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_write_that_misses_a_row_fails_before_commit() {
+    // The update and insert statements verify their own row counts, so a write that does not
+    // touch every planned row raises an error and the COMMIT sent after it never runs.
+    let db = TestDatabase::create("write_verification").await;
+    db.limiter(1).await;
+    let mut connection = db.connection().await;
+    let absent = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
+    let update = include_str!("../../src/sql/update.sql")
+        .replace("{updates}", &format!("({absent}, false, 1000::bigint)"))
+        .replace("{now_us}", "0")
+        .replace("{expected}", "1");
+    let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {update} COMMIT;")))
+        .execute(&mut connection)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("22P02"));
+    assert_eq!(
+        error.as_database_error().unwrap().message(),
+        "invalid input syntax for type integer: \"runlimit: a locked counter row was not updated\""
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
+    let insert = include_str!("../../src/sql/insert.sql")
+        .replace("{inserts}", &format!("({absent}, 1000::bigint)"))
+        .replace("{now_us}", "0")
+        .replace("{expected}", "2");
+    let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {insert} COMMIT;")))
+        .execute(&mut connection)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("22P02"));
+    sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.runlimit_fixed_windows")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    db.finish().await;
+}
