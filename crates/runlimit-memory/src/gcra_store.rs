@@ -35,10 +35,10 @@ impl Algorithm for Gcra {
         let parameters = policy.gcra_parameters();
         let quota = u128::from(parameters.quota().get());
         let tat = match live {
+            // expires_at < 2⁶⁴ and Q ≤ MAX_LIMIT < 2⁶³: the product is below 2¹²⁷.
             Some(entry) => Some(
-                u128::from(entry.expires_at)
-                    .checked_mul(quota)
-                    .and_then(|scaled| scaled.checked_sub(u128::from(entry.value)))
+                (u128::from(entry.expires_at) * quota)
+                    .checked_sub(u128::from(entry.value))
                     .map(TheoreticalArrivalTime::from_scaled)
                     .ok_or(GcraError::StateOutOfRange)?,
             ),
@@ -48,9 +48,8 @@ impl Algorithm for Gcra {
         match outcome {
             GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
                 let expires_at = now.checked_add(replenish_after_millis).ok_or(GcraError::StateOutOfRange)?;
-                let deficit = u128::from(expires_at)
-                    .checked_mul(quota)
-                    .and_then(|scaled| scaled.checked_sub(tat.scaled()))
+                let deficit = (u128::from(expires_at) * quota)
+                    .checked_sub(tat.scaled())
                     .and_then(|deficit| u64::try_from(deficit).ok())
                     .ok_or(GcraError::StateOutOfRange)?;
                 let allowance = outcome.allowance(&parameters).ok_or(GcraError::StateOutOfRange)?;
