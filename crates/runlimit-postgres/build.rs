@@ -2,4 +2,5 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=gcra-migrations");
 }

@@ -85,6 +85,7 @@
 mod config;
 mod decide;
 mod error;
+mod gcra;
 mod limiter;
 mod migrations;
 pub mod operations;
@@ -95,6 +96,13 @@ pub use crate::config::{
 };
 pub use crate::error::{
     BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError,
+};
+pub use crate::gcra::{
+    PostgresGcraLimiter,
+    migrations::{
+        CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR,
+        INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+    },
 };
 pub use crate::limiter::PostgresLimiter;
 pub use crate::migrations::{

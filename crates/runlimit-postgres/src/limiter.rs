@@ -11,7 +11,7 @@ use runlimit_core::{
     Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Denial, FixedWindowPolicy,
     Limiter, Observation, Observer, QuotaDenial, QuotaMode, RateLimitPolicy, notify, validate_batch,
 };
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Row, pool::PoolConnection, postgres::PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row, pool::PoolConnection, postgres::PgRow};
 use tokio::time::{Instant as Deadline, timeout};
 
 use crate::{
@@ -21,7 +21,7 @@ use crate::{
         BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError,
         commit_definitely_rolled_back, is_server_timeout,
     },
-    migrations::shared_history_migrator,
+    migrations::{run_migrator, shared_history_migrator},
     protocol::{self, Failure, ScriptError, ScriptOutput},
 };
 
@@ -175,14 +175,14 @@ impl Prepared {
 }
 
 /// What an admission transaction produced, before observation.
-enum Evaluated {
+pub(crate) enum Evaluated {
     Allowed(Vec<Allowance>),
     Denied { index: usize, denial: Denial },
     ShadowDenied { index: usize, denial: QuotaDenial },
 }
 
 impl Evaluated {
-    fn outcome(&self) -> (AdmissionOutcome, ConsumptionStatus, Option<usize>) {
+    pub(crate) fn outcome(&self) -> (AdmissionOutcome, ConsumptionStatus, Option<usize>) {
         match self {
             Self::Allowed(_) => (AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, None),
             Self::Denied { index, denial: Denial::QuotaExceeded(_) } => {
@@ -203,9 +203,9 @@ impl Evaluated {
 ///
 /// This also covers cancellation: a future dropped mid-transaction drops its lease, and the
 /// server rolls back when the session ends.
-struct Lease {
-    connection: PoolConnection<Postgres>,
-    clean: bool,
+pub(crate) struct Lease {
+    pub(crate) connection: PoolConnection<Postgres>,
+    pub(crate) clean: bool,
 }
 
 impl Drop for Lease {
@@ -216,11 +216,11 @@ impl Drop for Lease {
     }
 }
 
-fn malformed(phase: CheckPhase) -> impl Fn(&'static str) -> CheckError {
+pub(crate) fn malformed(phase: CheckPhase) -> impl Fn(&'static str) -> CheckError {
     move |reason| CheckError::MalformedResponse { phase, reason }
 }
 
-fn column<T>(row: &PgRow, name: &str, phase: CheckPhase) -> Result<T, CheckError>
+pub(crate) fn column<T>(row: &PgRow, name: &str, phase: CheckPhase) -> Result<T, CheckError>
 where
     T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
 {
@@ -295,7 +295,7 @@ fn parse_reserve(output: &ScriptOutput, requested: &[i16]) -> Result<[Option<i64
 /// with the first error), so a timeout measured by the client cannot see how far the script
 /// got; it is attributed to the first statement not yet answered that can wait on a lock, never
 /// to `BEGIN`.
-fn check_failure(error: ScriptError, phases: &[CheckPhase], timeout: Duration) -> CheckError {
+pub(crate) fn check_failure(error: ScriptError, phases: &[CheckPhase], timeout: Duration) -> CheckError {
     let phase_at = |index: usize| phases.get(index).or(phases.last()).copied().unwrap_or(CheckPhase::Begin);
     let ScriptError { completed, failure } = error;
     match failure {
@@ -311,7 +311,7 @@ fn check_failure(error: ScriptError, phases: &[CheckPhase], timeout: Duration) -
 }
 
 /// Classifies a failure before the write statements of the final round trip answered.
-fn write_failure(failure: Failure, timeout: Duration) -> CheckError {
+pub(crate) fn write_failure(failure: Failure, timeout: Duration) -> CheckError {
     match failure {
         // PostgreSQL answered a write with an error: the script stopped there, the transaction
         // is aborted and the COMMIT sent in the same round trip never ran.
@@ -328,7 +328,7 @@ fn write_failure(failure: Failure, timeout: Duration) -> CheckError {
 }
 
 /// Classifies a failed `COMMIT` by whether it may have committed.
-fn commit_failure(error: ScriptError, timeout: Duration) -> CheckError {
+pub(crate) fn commit_failure(error: ScriptError, timeout: Duration) -> CheckError {
     match error.failure {
         Failure::TimedOut => CheckError::CommitTimeout { timeout },
         Failure::Sqlx(source) if commit_definitely_rolled_back(&source) => {
@@ -338,11 +338,50 @@ fn commit_failure(error: ScriptError, timeout: Duration) -> CheckError {
     }
 }
 
-async fn acquire(pool: &PgPool, config: &PostgresConfig) -> Result<PoolConnection<Postgres>, CheckError> {
+pub(crate) async fn acquire(
+    pool: &PgPool,
+    config: &PostgresConfig,
+) -> Result<PoolConnection<Postgres>, CheckError> {
     match timeout(config.pool_acquire_timeout(), pool.acquire()).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(source)) => Err(CheckError::Acquire { source }),
         Err(_) => Err(CheckError::PoolTimeout { timeout: config.pool_acquire_timeout() }),
+    }
+}
+
+/// Acquires a connection for a cleanup pass within the pool acquisition timeout.
+pub(crate) async fn acquire_for_maintenance(
+    pool: &PgPool,
+    config: &PostgresConfig,
+) -> Result<PoolConnection<Postgres>, MaintenanceError> {
+    match timeout(config.pool_acquire_timeout(), pool.acquire()).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(source)) => Err(MaintenanceError::Acquire { source }),
+        Err(_) => Err(MaintenanceError::PoolTimeout { timeout: config.pool_acquire_timeout() }),
+    }
+}
+
+/// Classifies a failed pre-commit cleanup statement of `phase`.
+pub(crate) fn maintenance_failure(
+    failure: Failure,
+    phase: MaintenancePhase,
+    timeout: Duration,
+) -> MaintenanceError {
+    match failure {
+        Failure::TimedOut => MaintenanceError::Timeout { phase, timeout },
+        Failure::Sqlx(error) if is_server_timeout(&error) => MaintenanceError::Timeout { phase, timeout },
+        Failure::Sqlx(source) => MaintenanceError::Database { phase, source },
+    }
+}
+
+/// Classifies a failed cleanup `COMMIT` by whether it may have committed.
+pub(crate) fn maintenance_commit_failure(failure: Failure, timeout: Duration) -> MaintenanceError {
+    match failure {
+        Failure::TimedOut => MaintenanceError::CommitTimeout { timeout },
+        Failure::Sqlx(source) if commit_definitely_rolled_back(&source) => {
+            MaintenanceError::CommitRejected { source }
+        }
+        Failure::Sqlx(source) => MaintenanceError::CommitOutcomeUnknown { source },
     }
 }
 
@@ -364,19 +403,7 @@ impl<O: Observer> PostgresLimiter<O> {
     /// acquired; [`MigrationError::Migrate`] when SQLx's migrator fails (for example
     /// `VersionMismatch` for a version another migrator applied with different SQL).
     pub async fn migrate(&self) -> Result<(), MigrationError> {
-        let connection = match timeout(self.config.pool_acquire_timeout(), self.pool.acquire()).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(source)) => return Err(MigrationError::Acquire { source }),
-            Err(_) => {
-                return Err(MigrationError::PoolTimeout { timeout: self.config.pool_acquire_timeout() });
-            }
-        };
-        let mut connection = connection.detach();
-        let result = shared_history_migrator().run(&mut connection).await;
-        // Closing ends the session, which releases the migrator's session-level lock even when
-        // `run` returned early without unlocking. A failed close leaves nothing to clean up.
-        let _closed = connection.close().await;
-        result.map_err(|source| MigrationError::Migrate { source })
+        run_migrator(&self.pool, &self.config, &shared_history_migrator()).await
     }
 
     /// Evaluates one check, consuming one unit when allowed.
@@ -654,11 +681,7 @@ impl<O: Observer> PostgresLimiter<O> {
     async fn run_cleanup(&self, maximum_rows: u32) -> Result<u64, MaintenanceError> {
         let config = &self.config;
         let timeout_value = config.operation_timeout();
-        let connection = match timeout(config.pool_acquire_timeout(), self.pool.acquire()).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(source)) => return Err(MaintenanceError::Acquire { source }),
-            Err(_) => return Err(MaintenanceError::PoolTimeout { timeout: config.pool_acquire_timeout() }),
-        };
+        let connection = acquire_for_maintenance(&self.pool, config).await?;
         let mut lease = Lease { connection, clean: false };
         let deadline = Deadline::now() + timeout_value;
 
@@ -672,13 +695,7 @@ impl<O: Observer> PostgresLimiter<O> {
             } else {
                 MaintenancePhase::Delete
             };
-            match error.failure {
-                Failure::TimedOut => MaintenanceError::Timeout { phase, timeout: timeout_value },
-                Failure::Sqlx(error) if is_server_timeout(&error) => {
-                    MaintenanceError::Timeout { phase, timeout: timeout_value }
-                }
-                Failure::Sqlx(source) => MaintenanceError::Database { phase, source },
-            }
+            maintenance_failure(error.failure, phase, timeout_value)
         })?;
         let phase = MaintenancePhase::Delete;
         let removed: i64 = output
@@ -697,13 +714,7 @@ impl<O: Observer> PostgresLimiter<O> {
                 lease.clean = true;
                 Ok(removed)
             }
-            Err(error) => Err(match error.failure {
-                Failure::TimedOut => MaintenanceError::CommitTimeout { timeout: timeout_value },
-                Failure::Sqlx(source) if commit_definitely_rolled_back(&source) => {
-                    MaintenanceError::CommitRejected { source }
-                }
-                Failure::Sqlx(source) => MaintenanceError::CommitOutcomeUnknown { source },
-            }),
+            Err(error) => Err(maintenance_commit_failure(error.failure, timeout_value)),
         }
     }
 }

@@ -1,6 +1,9 @@
 //! The bundled migrations, as SQL text and as SQLx migrators.
 
-use sqlx::migrate::Migrator;
+use sqlx::{Connection, PgPool, migrate::Migrator};
+use tokio::time::timeout;
+
+use crate::{config::PostgresConfig, error::MigrationError};
 
 /// Migration `20250601000001_create_runlimit_fixed_windows`: the `public.runlimit_fixed_windows`
 /// counter table (`counter_key bytea` primary key, `used bigint`, `window_started_at` and
@@ -47,6 +50,28 @@ pub(crate) fn shared_history_migrator() -> Migrator {
     let mut migrator = Migrator::with_migrations(MIGRATOR.iter().cloned().collect());
     migrator.set_ignore_missing(true);
     migrator
+}
+
+/// Runs `migrator` on a dedicated connection taken from `pool` (within the pool acquisition
+/// timeout), detached from the pool and closed afterwards, so SQLx's session-level migration
+/// lock can never leak back into the pool when a migration fails
+/// (`../shared/spec/sqlx-postgres.md` §2).
+pub(crate) async fn run_migrator(
+    pool: &PgPool,
+    config: &PostgresConfig,
+    migrator: &Migrator,
+) -> Result<(), MigrationError> {
+    let connection = match timeout(config.pool_acquire_timeout(), pool.acquire()).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(source)) => return Err(MigrationError::Acquire { source }),
+        Err(_) => return Err(MigrationError::PoolTimeout { timeout: config.pool_acquire_timeout() }),
+    };
+    let mut connection = connection.detach();
+    let result = migrator.run(&mut connection).await;
+    // Closing ends the session, which releases the migrator's session-level lock even when
+    // `run` returned early without unlocking. A failed close leaves nothing to clean up.
+    let _closed = connection.close().await;
+    result.map_err(|source| MigrationError::Migrate { source })
 }
 
 #[cfg(test)]

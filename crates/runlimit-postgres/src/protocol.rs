@@ -72,7 +72,7 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-fn push_bytea(out: &mut String, bytes: &[u8]) {
+pub(crate) fn push_bytea(out: &mut String, bytes: &[u8]) {
     out.push_str("pg_catalog.decode('");
     push_hex(out, bytes);
     out.push_str("', 'hex')");

@@ -1,0 +1,67 @@
+//! The GCRA migration stream, separate from the fixed-window one.
+
+use sqlx::migrate::Migrator;
+
+/// Migration `20250701000001_create_runlimit_gcra`: the `public.runlimit_gcra` table
+/// (`counter_key bytea` primary key, generated `capacity_shard smallint` = byte 32 of the key,
+/// the exact arrival-time parts `tat_ms` and `tat_remainder bigint`, `expires_at_ms bigint`),
+/// the `public.runlimit_gcra_shards` ledger (256 rows: `row_count`, refused past 65,536 by the
+/// CHECK constraint `runlimit_gcra_shards_capacity` with SQLSTATE 23514, and the committed
+/// time watermark `watermark_ms`) and the statement-level triggers that keep `row_count` exact
+/// for every writer.
+///
+/// The exact text of the bundled file, byte for byte (SQLx checksums it), for hosts that
+/// vendor the migrations into their own strict migration set.
+pub const CREATE_RUNLIMIT_GCRA_SQL: &str =
+    include_str!("../../gcra-migrations/20250701000001_create_runlimit_gcra.sql");
+
+/// Migration `20250701000002_index_runlimit_gcra_shard_expiry`: the index
+/// `runlimit_gcra_shard_expiry_idx` on `(capacity_shard, expires_at_ms)` that bounded cleanup
+/// probes. Vendor it after [`CREATE_RUNLIMIT_GCRA_SQL`].
+pub const INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL: &str =
+    include_str!("../../gcra-migrations/20250701000002_index_runlimit_gcra_shard_expiry.sql");
+
+/// The versions of the GCRA migrations, in order: `20250701000001`, `20250701000002`. They
+/// never collide with the fixed-window [`MIGRATION_VERSIONS`](crate::MIGRATION_VERSIONS);
+/// host migrations must not reuse them.
+pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_000_002];
+
+/// The GCRA migrations with SQLx's strict defaults (`VersionMissing` for any version it does
+/// not know, including the fixed-window ones). Suitable only when Runlimit's GCRA stream
+/// exclusively owns the history; run it on a dedicated `PgConnection`. Prefer
+/// [`PostgresGcraLimiter::migrate`](crate::PostgresGcraLimiter::migrate).
+pub static GCRA_MIGRATOR: Migrator = sqlx::migrate!("./gcra-migrations");
+
+/// A copy of [`GCRA_MIGRATOR`] with `ignore_missing` set, for a shared history.
+pub(crate) fn gcra_shared_history_migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(GCRA_MIGRATOR.iter().cloned().collect());
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_are_the_migrator_sources() {
+        let migrations: Vec<_> = GCRA_MIGRATOR.iter().collect();
+        let expected = [
+            (GCRA_MIGRATION_VERSIONS[0], "create runlimit gcra", CREATE_RUNLIMIT_GCRA_SQL),
+            (
+                GCRA_MIGRATION_VERSIONS[1],
+                "index runlimit gcra shard expiry",
+                INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+            ),
+        ];
+        assert_eq!(migrations.len(), expected.len());
+        for (migration, (version, description, sql)) in migrations.into_iter().zip(expected) {
+            assert_eq!(migration.version, version);
+            assert_eq!(migration.description, description);
+            assert_eq!(migration.sql.as_str(), sql);
+            assert!(!migration.no_tx);
+        }
+        assert!(!GCRA_MIGRATOR.ignore_missing);
+        assert!(gcra_shared_history_migrator().ignore_missing);
+    }
+}
