@@ -2,5 +2,6 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=attempts-migrations");
     println!("cargo:rerun-if-changed=gcra-migrations");
 }

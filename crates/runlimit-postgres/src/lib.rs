@@ -82,6 +82,7 @@
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod attempts;
 mod config;
 mod decide;
 mod error;

@@ -1,0 +1,50 @@
+//! The attempt-limiting migration stream, separate from the fixed-window and GCRA ones.
+
+use sqlx::migrate::Migrator;
+
+/// Migration `20250801000001_create_runlimit_attempts`: the `public.runlimit_attempt_shards`
+/// lock table (256 rows, `capacity_shard` 0..=255) and the `public.runlimit_attempts` table
+/// (`attempt_key bytea` primary key of 64 bytes, `capacity_shard smallint` 0..=255,
+/// `capacity_slot integer` checked to 0..=65,535 and unique per shard, `consecutive_failures
+/// bigint` 0..=`u32::MAX`, `last_failure_at_ms`, `lease_deadline_ms` and `expires_at_ms bigint`
+/// milliseconds since the Unix epoch of the server clock, `lease_token bytea`, `claim_xid
+/// xid8`), with the `(capacity_shard, expires_at_ms)` index used by bounded reclamation.
+///
+/// The exact text of the bundled file, byte for byte (SQLx checksums it), for hosts that
+/// vendor the migrations into their own strict migration set.
+pub const CREATE_RUNLIMIT_ATTEMPTS_SQL: &str =
+    include_str!("../../attempts-migrations/20250801000001_create_runlimit_attempts.sql");
+
+/// The versions of the attempt migrations: `20250801000001`. They never collide with the
+/// fixed-window or GCRA versions; host migrations must not reuse them.
+pub const ATTEMPTS_MIGRATION_VERSIONS: [i64; 1] = [20_250_801_000_001];
+
+/// The attempt migrations with SQLx's strict defaults (`VersionMissing` for any version it does
+/// not know, including other Runlimit streams). Suitable only when this stream exclusively
+/// owns the history; run it on a dedicated `PgConnection`. Prefer
+/// [`PostgresAttemptLimiter::migrate`](super::PostgresAttemptLimiter::migrate), which tolerates
+/// other migrators' versions.
+pub static ATTEMPTS_MIGRATOR: Migrator = sqlx::migrate!("./attempts-migrations");
+
+/// A copy of [`ATTEMPTS_MIGRATOR`] with `ignore_missing` set, for a shared history.
+pub(crate) fn attempts_shared_history_migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(ATTEMPTS_MIGRATOR.iter().cloned().collect());
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_is_the_migrator_source() {
+        let migrations: Vec<_> = ATTEMPTS_MIGRATOR.iter().collect();
+        assert_eq!(migrations.len(), 1);
+        assert_eq!(migrations[0].version, ATTEMPTS_MIGRATION_VERSIONS[0]);
+        assert_eq!(migrations[0].description, "create runlimit attempts");
+        assert_eq!(migrations[0].sql.as_str(), CREATE_RUNLIMIT_ATTEMPTS_SQL);
+        assert!(!ATTEMPTS_MIGRATOR.ignore_missing);
+        assert!(attempts_shared_history_migrator().ignore_missing);
+    }
+}
