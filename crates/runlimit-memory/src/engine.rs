@@ -84,7 +84,8 @@ struct Padded(Mutex<Shard>);
 #[derive(Debug)]
 pub(crate) struct Report<D> {
     pub(crate) decision: D,
-    /// Headroom of the touched shard (the one with the least headroom, for a batch).
+    /// Headroom of the touched shard (the one with the least headroom, for a batch); only
+    /// computed for batches when an observer will read it.
     pub(crate) headroom: ShardHeadroom,
     /// The input index the outcome singles out (a denied check), for batches.
     pub(crate) singled_out: Option<usize>,
@@ -222,10 +223,13 @@ impl Engine {
             }
             planned.push(Planned { key, hash: key.hash(), group: shard, slot: None, verdict: None });
         }
-        for &(shard_index, key_count) in &spans {
-            let capacity = self.capacity(shard_index);
-            if key_count > capacity {
-                return Err(Failure::ExceedsShard { shard_index, key_count, capacity });
+        // Every shard holds at least `base_capacity` keys, so smaller batches always fit.
+        if batch_size > self.base_capacity {
+            for &(shard_index, key_count) in &spans {
+                let capacity = self.capacity(shard_index);
+                if key_count > capacity {
+                    return Err(Failure::ExceedsShard { shard_index, key_count, capacity });
+                }
             }
         }
 
@@ -319,11 +323,16 @@ impl Engine {
                 BatchDecision::allowed(allowances).map(|d| (d, None))
             }
         };
-        let headroom = groups
-            .iter()
-            .map(|group| group.shard.headroom(group.shard_index))
-            .min_by_key(ShardHeadroom::headroom)
-            .unwrap_or(ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 });
+        // Only observers read the headroom.
+        let headroom = if timed {
+            groups
+                .iter()
+                .map(|group| group.shard.headroom(group.shard_index))
+                .min_by_key(ShardHeadroom::headroom)
+                .unwrap_or(ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 })
+        } else {
+            ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 }
+        };
         drop(locked);
         match decision {
             Ok((decision, singled_out)) => {
