@@ -17,19 +17,22 @@ mod support;
 use std::{sync::Arc, time::Duration};
 
 use runlimit_core::{
-    AttemptSubject, Delay, KeyHasher, PolicyId, ScopeId,
-    attempts::{AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptOutcome, AttemptPolicy},
+    AttemptSubject, ConsumptionStatus, Delay, KeyHasher, PolicyId, ScopeId,
+    attempts::{
+        AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptDenialReason, AttemptEvent,
+        AttemptObservation, AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
+    },
 };
 use runlimit_memory::{ManualClock, MemoryAttemptLimiter, MemoryStoreConfig};
 use runlimit_postgres::{
-    PostgresConfig,
+    CheckError, PostgresConfig,
     attempts::{
         AttemptClaim, AttemptClaimResult, CREATE_RUNLIMIT_ATTEMPTS_SQL, PostgresAttemptLimiter,
         PostgresAttemptReceipt,
     },
 };
-use sqlx::{Connection, PgConnection};
-use support::TestDatabase;
+use sqlx::{Connection, PgConnection, postgres::PgPoolOptions};
+use support::{Cut, Proxy, TestDatabase};
 
 /// initial 1 s, cap 8 s, quiet 60 s, lease 5 s.
 fn policy() -> AttemptPolicy {
@@ -459,6 +462,68 @@ async fn full_shards_fail_closed_and_admission_reclaims_at_most_16_expired_rows(
     .await
     .unwrap_err();
     assert_eq!(support::sqlstate(&duplicate).as_deref(), Some("23505"));
+    drop(connection);
+    database.finish().await;
+}
+
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(AttemptOperation, AttemptEvent)>>);
+
+impl AttemptObserver for Recorder {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        assert_eq!(observation.policy().id().as_str(), "auth.password");
+        self.0.lock().unwrap().push((observation.operation(), observation.event()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn observers_and_a_lost_commit_acknowledgement() {
+    let database = TestDatabase::create("attempts_observer").await;
+    limiter(&database, 1).await;
+    let proxy = Proxy::start(&database.options).await;
+    let pool =
+        database.pool_with(PgPoolOptions::new().max_connections(1), proxy.options(&database.options)).await;
+    let recorder = Arc::new(Recorder::default());
+    let limiter = PostgresAttemptLimiter::new(pool).with_observer(Arc::clone(&recorder));
+    let policy = policy();
+    let subject = hasher().hash_attempt_for(&policy, b"user@example.test");
+    let receipt = match limiter.acquire(&subject).await.unwrap() {
+        AttemptDecision::Admitted(receipt) => receipt,
+        AttemptDecision::Denied(denial) => panic!("{denial:?}"),
+    };
+    assert!(matches!(limiter.acquire(&subject).await.unwrap(), AttemptDecision::Denied(_)));
+    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).await.unwrap(), failure(1, 1_000));
+    let mut connection = database.connection().await;
+    advance(&mut connection, 1_000).await;
+    let receipt = match limiter.acquire(&subject).await.unwrap() {
+        AttemptDecision::Admitted(receipt) => receipt,
+        AttemptDecision::Denied(denial) => panic!("{denial:?}"),
+    };
+    proxy.arm(Cut::AfterForwarding(b"COMMIT;"));
+    let error = limiter.complete(receipt, AttemptOutcome::Failure).await.unwrap_err();
+    assert!(matches!(error, CheckError::CommitOutcomeUnknown { .. }), "{error:?}");
+    assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
+    // Here the server did commit the second failure: never replay an uncertain completion.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let failures: i64 = sqlx::query_scalar("SELECT consecutive_failures FROM public.runlimit_attempts")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(failures, 2);
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        [
+            (AttemptOperation::Admission, AttemptEvent::Admitted),
+            (AttemptOperation::Admission, AttemptEvent::Denied(AttemptDenialReason::InProgress)),
+            (
+                AttemptOperation::Completion(AttemptOutcome::Failure),
+                AttemptEvent::Completed(AttemptOutcome::Failure)
+            ),
+            (AttemptOperation::Admission, AttemptEvent::Admitted),
+            (AttemptOperation::Completion(AttemptOutcome::Failure), AttemptEvent::UncertainCommit),
+        ]
+    );
     drop(connection);
     database.finish().await;
 }

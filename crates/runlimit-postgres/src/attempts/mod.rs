@@ -77,7 +77,7 @@ const NOW_MS: &str = "SELECT pg_catalog.floor(pg_catalog.date_part('epoch', pg_c
 const LOCK_SHARD: &str =
     "SELECT capacity_shard FROM public.runlimit_attempt_shards WHERE capacity_shard = $1 FOR UPDATE";
 const READ_ROW: &str = "SELECT consecutive_failures, last_failure_at_ms, lease_token, lease_deadline_ms, \
-     (claim_xid IS NOT DISTINCT FROM pg_catalog.pg_current_xact_id()) AS same_transaction \
+     COALESCE(claim_xid = pg_catalog.pg_current_xact_id_if_assigned(), false) AS same_transaction \
      FROM public.runlimit_attempts WHERE attempt_key = $1 FOR UPDATE";
 const RECLAIM: &str = "DELETE FROM public.runlimit_attempts WHERE attempt_key IN (\
      SELECT attempt_key FROM public.runlimit_attempts \
