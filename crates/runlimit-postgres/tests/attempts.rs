@@ -395,6 +395,41 @@ async fn claim_and_finish_inside_a_host_transaction() {
     database.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_held_claim_outlives_its_lease_and_never_blocks_the_shard() {
+    let database = TestDatabase::create("attempts_held_claim").await;
+    let config = PostgresConfig::default().with_operation_timeout(Duration::from_millis(500)).unwrap();
+    let limiter = limiter(&database, 2).await.with_config(config);
+    // A real one-second lease.
+    let policy = AttemptPolicy::new(
+        PolicyId::new("auth.password").unwrap(),
+        ScopeId::new("short-lease").unwrap(),
+        Duration::from_secs(1),
+        Duration::from_secs(8),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let hasher = hasher();
+    let subjects = same_shard(&hasher, &policy, 2);
+    let receipt = admit(&limiter, &subjects[0]).await;
+    let mut host = database.connection().await;
+    let mut transaction = host.begin().await.unwrap();
+    let claimed = claim(&limiter, &mut transaction, receipt).await;
+    // While the claim's row lock is held: the same subject is in progress, the shard is usable.
+    assert!(matches!(denial(&limiter, &subjects[0]).await, AttemptDenial::InProgress { .. }));
+    drop(admit(&limiter, &subjects[1]).await);
+    // Application work outlasts the lease; the held row lock keeps the reservation.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let staged = limiter.finish_in(&mut transaction, claimed, AttemptOutcome::Success).await.unwrap();
+    assert_eq!(staged.provisional_result(), AttemptCompletionResult::Reset);
+    transaction.commit().await.unwrap();
+    drop(admit(&limiter, &subjects[0]).await);
+    drop(host);
+    database.finish().await;
+}
+
 /// `count` attempt subjects whose capacity shard (first subject byte) is the same.
 fn same_shard<'p>(hasher: &KeyHasher, policy: &'p AttemptPolicy, count: usize) -> Vec<AttemptSubject<'p>> {
     let mut found = Vec::new();

@@ -23,7 +23,11 @@
 //! ([`PostgresConfig::maximum_rows_per_shard`], 4,096 by default); the database checks the
 //! slot range 0..=65,535 and uniqueness of `(capacity_shard, capacity_slot)`. Admission locks
 //! the shard's row in `public.runlimit_attempt_shards` first, which serializes admissions of
-//! one shard (and so makes "at most one active attempt" hold for a key without a row). A new
+//! one shard (and so makes "at most one active attempt" hold for a key without a row).
+//! Admission never waits for a subject row another transaction holds (a host transaction's
+//! claim, or a completion in flight): it reads with `SKIP LOCKED` and denies such a subject
+//! with `InProgress` (retry after the committed lease deadline, or zero), so a long host
+//! transaction never stalls the rest of its shard. A new
 //! subject first deletes at most 16 expired rows of its shard (oldest first, skipping rows
 //! locked by a host transaction; live rows are never candidates), then takes the lowest free
 //! slot, or is denied with
@@ -79,6 +83,14 @@ const LOCK_SHARD: &str =
 const READ_ROW: &str = "SELECT consecutive_failures, last_failure_at_ms, lease_token, lease_deadline_ms, \
      COALESCE(claim_xid = pg_catalog.pg_current_xact_id_if_assigned(), false) AS same_transaction \
      FROM public.runlimit_attempts WHERE attempt_key = $1 FOR UPDATE";
+/// The admission read: like [`READ_ROW`] but skipping a row another transaction has locked
+/// (a host transaction holding a claim, or a completion in flight), so admission never waits
+/// on application work while it holds its shard lock.
+const READ_ROW_SKIP_LOCKED: &str = "SELECT consecutive_failures, last_failure_at_ms, lease_token, \
+     lease_deadline_ms, false AS same_transaction \
+     FROM public.runlimit_attempts WHERE attempt_key = $1 FOR UPDATE SKIP LOCKED";
+/// Whether a row skipped by [`READ_ROW_SKIP_LOCKED`] exists, and its committed lease deadline.
+const LOCKED_ROW: &str = "SELECT lease_deadline_ms FROM public.runlimit_attempts WHERE attempt_key = $1";
 const RECLAIM: &str = "DELETE FROM public.runlimit_attempts WHERE attempt_key IN (\
      SELECT attempt_key FROM public.runlimit_attempts \
      WHERE capacity_shard = $1 AND expires_at_ms <= $2 AND expires_at_ms < 9223372036854775807 \
@@ -641,8 +653,30 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
                     .await
                     .map_err(|error| StepError::Database("lock", error))?;
                 *phase = CheckPhase::Preflight;
-                let stored = read_row(connection, &key).await?;
+                let stored = sqlx::query(READ_ROW_SKIP_LOCKED)
+                    .bind(&key[..])
+                    .fetch_optional(&mut *connection)
+                    .await
+                    .map_err(|error| StepError::Database("read", error))?;
+                let stored = stored.as_ref().map(Stored::read).transpose().map_err(StepError::Malformed)?;
+                let locked = if stored.is_none() {
+                    sqlx::query(LOCKED_ROW)
+                        .bind(&key[..])
+                        .fetch_optional(&mut *connection)
+                        .await
+                        .map_err(|error| StepError::Database("read", error))?
+                        .map(|row| row.try_get::<Option<i64>, _>("lease_deadline_ms"))
+                        .transpose()
+                        .map_err(|_| StepError::Malformed("undecodable column"))?
+                } else {
+                    None
+                };
                 let now = now_ms(connection).await?;
+                if let Some(deadline) = locked {
+                    // Another transaction holds the row: its attempt is being completed.
+                    let retry_after = deadline.map_or(Delay::ZERO, |deadline| delay_between(now, deadline));
+                    return Ok((Admission::Denied(AttemptDenial::InProgress { retry_after }), false));
+                }
                 let mut settled = stored.clone();
                 if let Some(state) = settled.as_mut() {
                     state.settle(now);
