@@ -25,7 +25,7 @@ use runlimit_core::{
 };
 use runlimit_memory::{ManualClock, MemoryAttemptLimiter, MemoryStoreConfig};
 use runlimit_postgres::{
-    CheckError, PostgresConfig,
+    CheckError, CheckPhase, PostgresConfig,
     attempts::{
         AttemptClaim, AttemptClaimResult, CREATE_RUNLIMIT_ATTEMPTS_SQL, PostgresAttemptLimiter,
         PostgresAttemptReceipt,
@@ -426,6 +426,21 @@ async fn a_held_claim_outlives_its_lease_and_never_blocks_the_shard() {
     assert_eq!(staged.provisional_result(), AttemptCompletionResult::Reset);
     transaction.commit().await.unwrap();
     drop(admit(&limiter, &subjects[0]).await);
+
+    // A standalone completion waits for a row held by another transaction only until the
+    // operation budget ends, and then reports a pre-commit timeout that recorded nothing.
+    let five_second_lease = self::policy();
+    let blocked = hasher.hash_attempt_for(&five_second_lease, b"blocked");
+    let receipt = admit(&limiter, &blocked).await;
+    let mut blocker = database.connection().await;
+    let mut held = blocker.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM public.runlimit_attempts FOR UPDATE").execute(&mut *held).await.unwrap();
+    let error = limiter.complete(receipt, AttemptOutcome::Failure).await.unwrap_err();
+    assert!(matches!(error, CheckError::Timeout { phase: CheckPhase::Lock, .. }), "{error:?}");
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+    held.rollback().await.unwrap();
+    assert_eq!(seen(denial(&limiter, &blocked).await), Seen::InProgress(5));
+    drop(blocker);
     drop(host);
     database.finish().await;
 }

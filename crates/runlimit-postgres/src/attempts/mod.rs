@@ -1,5 +1,5 @@
 //! [`PostgresAttemptLimiter`]: attempt limiting
-//! ([`AttemptPolicy`](runlimit_core::attempts::AttemptPolicy)) shared across replicas, with a
+//! ([`AttemptPolicy`]) shared across replicas, with a
 //! low-level seam for completing an attempt inside an application-owned transaction.
 //!
 //! # Storage
@@ -31,7 +31,7 @@
 //! subject first deletes at most 16 expired rows of its shard (oldest first, skipping rows
 //! locked by a host transaction; live rows are never candidates), then takes the lowest free
 //! slot, or is denied with
-//! [`AttemptDenial::StorageCapacity`](runlimit_core::attempts::AttemptDenial::StorageCapacity)
+//! [`AttemptDenial::StorageCapacity`]
 //! (fail closed).
 //!
 //! # Transactions
