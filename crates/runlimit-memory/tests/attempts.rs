@@ -336,3 +336,158 @@ fn concurrent_acquires_admit_exactly_one() {
     });
     assert_eq!(admitted, 1);
 }
+
+/// An eager reference model of one subject: lease expiry and quiet expiry are applied while
+/// time advances, instead of lazily when the subject is next touched.
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+
+    const INITIAL: u64 = 100;
+    const CAP: u64 = 800;
+    const QUIET: u64 = 2_000;
+    const LEASE: u64 = 300;
+
+    #[derive(Default)]
+    struct Model {
+        now: u64,
+        failures: u32,
+        last_failure: u64,
+        lease: Option<(u64, usize)>,
+    }
+
+    fn delay(failures: u32) -> u64 {
+        if failures == 0 {
+            return 0;
+        }
+        let mut delay = INITIAL;
+        for _ in 1..failures {
+            delay = (delay * 2).min(CAP);
+        }
+        delay
+    }
+
+    impl Model {
+        fn advance(&mut self, by: u64) {
+            let target = self.now + by;
+            if let Some((deadline, _)) = self.lease
+                && deadline <= target
+            {
+                self.failures = self.failures.saturating_add(1);
+                self.last_failure = deadline;
+                self.lease = None;
+            }
+            if self.lease.is_none() && self.failures > 0 && self.last_failure + QUIET <= target {
+                self.failures = 0;
+            }
+            self.now = target;
+        }
+
+        fn acquire(&mut self, id: usize) -> Result<(), AttemptDenial> {
+            if let Some((deadline, _)) = self.lease {
+                return Err(AttemptDenial::InProgress {
+                    retry_after: Delay::from_millis(deadline - self.now),
+                });
+            }
+            let ready = self.last_failure + delay(self.failures);
+            if self.failures > 0 && self.now < ready {
+                return Err(AttemptDenial::Backoff {
+                    retry_after: Delay::from_millis(ready - self.now),
+                    consecutive_failures: self.failures,
+                });
+            }
+            self.lease = Some((self.now + LEASE, id));
+            Ok(())
+        }
+
+        fn complete(&mut self, id: usize, outcome: AttemptOutcome) -> AttemptCompletionResult {
+            if self.lease.map(|(_, holder)| holder) != Some(id) {
+                return AttemptCompletionResult::Stale;
+            }
+            self.lease = None;
+            match outcome {
+                AttemptOutcome::Success => {
+                    self.failures = 0;
+                    AttemptCompletionResult::Reset
+                }
+                AttemptOutcome::Failure | AttemptOutcome::Abandoned => {
+                    self.failures = self.failures.saturating_add(1);
+                    self.last_failure = self.now;
+                    failure(self.failures, delay(self.failures))
+                }
+            }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Acquire,
+        Complete(usize, AttemptOutcome),
+        Drop(usize),
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let outcome = prop_oneof![
+            Just(AttemptOutcome::Success),
+            Just(AttemptOutcome::Failure),
+            Just(AttemptOutcome::Abandoned)
+        ];
+        prop_oneof![
+            3 => Just(Op::Acquire),
+            3 => (0..8usize, outcome).prop_map(|(index, outcome)| Op::Complete(index, outcome)),
+            1 => (0..8usize).prop_map(Op::Drop),
+            4 => prop_oneof![0..=400u64, Just(LEASE), Just(QUIET), 0..=3_000u64].prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_limiter_matches_the_eager_model(ops in proptest::collection::vec(op(), 1..80)) {
+            let policy = AttemptPolicy::new(
+                PolicyId::new("auth.password").unwrap(),
+                ScopeId::new("model").unwrap(),
+                Duration::from_millis(INITIAL),
+                Duration::from_millis(CAP),
+                Duration::from_millis(QUIET),
+                Duration::from_millis(LEASE),
+            )
+            .unwrap();
+            let subject = hasher().hash_attempt_for(&policy, b"user");
+            let clock = ManualClock::new();
+            let limiter = limiter(1, &clock);
+            let mut model = Model::default();
+            let mut receipts: Vec<Option<MemoryAttemptReceipt>> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Acquire => {
+                        let expected = model.acquire(receipts.len());
+                        match limiter.acquire(&subject).unwrap() {
+                            AttemptDecision::Admitted(receipt) => {
+                                prop_assert_eq!(expected, Ok(()));
+                                receipts.push(Some(receipt));
+                            }
+                            AttemptDecision::Denied(denial) => {
+                                prop_assert_eq!(expected, Err(denial));
+                                if expected.is_ok() { receipts.push(None); }
+                            }
+                        }
+                    }
+                    Op::Complete(index, outcome) => {
+                        if let Some(receipt) = receipts.get_mut(index).and_then(Option::take) {
+                            let expected = model.complete(index, outcome);
+                            prop_assert_eq!(limiter.complete(receipt, outcome).unwrap(), expected);
+                        }
+                    }
+                    Op::Drop(index) => {
+                        drop(receipts.get_mut(index).and_then(Option::take));
+                    }
+                    Op::Advance(by) => {
+                        clock.advance_millis(by);
+                        model.advance(by);
+                    }
+                }
+            }
+        }
+    }
+}
