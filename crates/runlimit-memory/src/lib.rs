@@ -165,6 +165,11 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+/// The workspace README's Rust examples, compiled and run as doctests so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub use crate::attempts::{MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt};
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::config::{

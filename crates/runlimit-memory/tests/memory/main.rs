@@ -8,7 +8,6 @@ mod gcra;
 mod limiter;
 mod model;
 mod observer;
-mod readme;
 #[cfg(feature = "serde")]
 mod serde;
 mod support;
