@@ -15,7 +15,9 @@
 //! - `baseline`: one autocommitted `INSERT .. ON CONFLICT DO UPDATE SET used = used + 1` of a
 //!   counter row per request (one round trip, one commit);
 //! - `single`: `PostgresLimiter::check` of one key (always allowed);
-//! - `batch2`: `PostgresLimiter::check_all` of two keys (always allowed).
+//! - `batch2`: `PostgresLimiter::check_all` of two keys (always allowed);
+//! - `gcra`: `PostgresGcraLimiter::check` of one key (always allowed);
+//! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed).
 //!
 //! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. It prints requests/s, checks/s and the ratio to the baseline's requests/s. The bench
 //! creates (and drops) its own database `runlimit_pg_bench`. Without the variable it prints a
@@ -30,8 +32,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use runlimit_core::{Check, FixedWindowPolicy, MAX_LIMIT, PolicyId, ScopeId, SubjectKey};
-use runlimit_postgres::PostgresLimiter;
+use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, MAX_LIMIT, PolicyId, ScopeId, SubjectKey};
+use runlimit_postgres::{PostgresGcraLimiter, PostgresLimiter};
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection, PgPool,
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -45,6 +47,8 @@ enum Workload {
     Baseline,
     Single,
     Batch2,
+    Gcra,
+    Gcra2,
 }
 
 impl Workload {
@@ -53,13 +57,15 @@ impl Workload {
             Self::Baseline => "baseline",
             Self::Single => "single",
             Self::Batch2 => "batch2",
+            Self::Gcra => "gcra",
+            Self::Gcra2 => "gcra2",
         }
     }
 
     fn checks_per_request(self) -> u64 {
         match self {
-            Self::Baseline | Self::Single => 1,
-            Self::Batch2 => 2,
+            Self::Baseline | Self::Single | Self::Gcra => 1,
+            Self::Batch2 | Self::Gcra2 => 2,
         }
     }
 }
@@ -72,12 +78,16 @@ fn subject(task: usize, n: u64) -> SubjectKey {
     SubjectKey::from_digest(digest)
 }
 
+/// The two fixed-window policies, the two GCRA policies and the GCRA limiter (on the same
+/// pool as the fixed-window limiter).
+type Setup = (FixedWindowPolicy, FixedWindowPolicy, GcraPolicy, GcraPolicy, PostgresGcraLimiter);
+
 async fn run_task(
     workload: Workload,
     task: usize,
     pool: PgPool,
     limiter: Arc<PostgresLimiter>,
-    policies: Arc<(FixedWindowPolicy, FixedWindowPolicy)>,
+    policies: Arc<Setup>,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
 ) {
@@ -105,6 +115,16 @@ async fn run_task(
                 let decision = limiter.check_all(&checks).await.expect("check_all");
                 assert!(decision.permits_request());
             }
+            Workload::Gcra => {
+                let decision =
+                    policies.4.check(&Check::new(key.bind(&policies.2))).await.expect("gcra check");
+                assert!(decision.permits_request());
+            }
+            Workload::Gcra2 => {
+                let checks = [Check::new(key.bind(&policies.2)), Check::new(key.bind(&policies.3))];
+                let decision = policies.4.check_all(&checks).await.expect("gcra check_all");
+                assert!(decision.permits_request());
+            }
         }
         done.fetch_add(1, Ordering::Relaxed);
         n += 1;
@@ -117,7 +137,7 @@ async fn measure(
     tasks: usize,
     pool: &PgPool,
     limiter: &Arc<PostgresLimiter>,
-    policies: &Arc<(FixedWindowPolicy, FixedWindowPolicy)>,
+    policies: &Arc<Setup>,
     warm_up: Duration,
     duration: Duration,
 ) -> f64 {
@@ -197,7 +217,21 @@ fn main() {
             )
             .expect("policy")
         };
-        let policies = Arc::new((policy("first"), policy("second")));
+        let gcra = PostgresGcraLimiter::new(pool.clone());
+        gcra.migrate().await.expect("migrate gcra");
+        // A million units per second with a burst of a million: always allowed at these rates.
+        let gcra_policy = |scope: &str| {
+            GcraPolicy::new(
+                PolicyId::new("bench").expect("id"),
+                ScopeId::new(scope).expect("scope"),
+                1_000_000,
+                Duration::from_secs(1),
+                1_000_000,
+            )
+            .expect("gcra policy")
+        };
+        let policies =
+            Arc::new((policy("first"), policy("second"), gcra_policy("first"), gcra_policy("second"), gcra));
         let server: String =
             sqlx::query_scalar("SELECT pg_catalog.version()").fetch_one(&pool).await.expect("version");
         println!("server: {server}");
@@ -210,7 +244,9 @@ fn main() {
         let mut summary = Vec::new();
         for tasks in CONCURRENCY.into_iter().filter(|tasks| only.is_none_or(|only| only == *tasks)) {
             let mut baseline = 0.0;
-            for workload in [Workload::Baseline, Workload::Single, Workload::Batch2] {
+            for workload in
+                [Workload::Baseline, Workload::Single, Workload::Batch2, Workload::Gcra, Workload::Gcra2]
+            {
                 let rate = measure(
                     workload,
                     tasks,
@@ -236,6 +272,12 @@ fn main() {
         {
             let verdict = if *ratio >= 0.6 { "meets" } else { "misses" };
             println!("\nsingle check at 8 tasks: {ratio:.2}x the baseline ({verdict} the 0.6x target)");
+        }
+        if let Some((_, _, ratio)) =
+            summary.iter().find(|(tasks, workload, _)| *tasks == 8 && *workload == Workload::Gcra)
+        {
+            let verdict = if *ratio >= 0.6 { "meets" } else { "misses" };
+            println!("gcra single check at 8 tasks: {ratio:.2}x the baseline ({verdict} the 0.6x target)");
         }
         pool.close().await;
         admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#)).await;

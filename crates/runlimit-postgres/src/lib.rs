@@ -11,6 +11,15 @@
 //! a trigger-maintained ledger enforces even for writers that bypass the library. Every
 //! database failure fails closed and says whether quota may have been consumed.
 //!
+//! [`PostgresGcraLimiter`] shares a continuously replenished GCRA quota the same way: it
+//! implements [`Limiter`](runlimit_core::Limiter) with
+//! [`GcraPolicy`](runlimit_core::GcraPolicy) and decides exactly like
+//! `runlimit_memory::GcraStore`, through the shared evaluator [`runlimit_core::gcra`], fed with
+//! whole-millisecond database time clamped to a committed per-shard watermark. It has its own
+//! tables and its own migration stream ([`GCRA_MIGRATOR`], [`CREATE_RUNLIMIT_GCRA_SQL`],
+//! [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]); fixed-window users need no schema or workflow
+//! change. Its type docs describe the GCRA v1 protocol, capacity and cleanup.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -67,6 +76,8 @@
 //! `public.runlimit_fixed_windows` (one row per counter key) and
 //! `public.runlimit_fixed_window_shards` (the capacity ledger, 256 rows), plus four trigger
 //! functions `public.runlimit_fixed_windows_*` that pin `search_path = pg_catalog, pg_temp`.
+//! The GCRA stream adds `public.runlimit_gcra`, `public.runlimit_gcra_shards` and the trigger
+//! functions `public.runlimit_gcra_*`, with the same rules.
 //! Every admission and cleanup sets the transaction-local `search_path` to
 //! `pg_catalog, pg_temp` before any statement that resolves names, and names only
 //! schema-qualified functions before that, so a caller-controlled `search_path` (a hostile
@@ -82,6 +93,7 @@
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod admission;
 pub mod attempts;
 mod config;
 mod decide;

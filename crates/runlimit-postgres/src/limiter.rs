@@ -7,14 +7,13 @@ use std::{
 };
 
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, Allowance, BatchDecision,
-    Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Denial, FixedWindowPolicy,
-    Limiter, Observation, Observer, QuotaDenial, QuotaMode, RateLimitPolicy, notify, validate_batch,
+    BatchDecision, Check, Decision, FixedWindowPolicy, Limiter, Observer, QuotaMode, RateLimitPolicy,
 };
 use sqlx::{PgConnection, PgPool, Postgres, Row, pool::PoolConnection, postgres::PgRow};
 use tokio::time::{Instant as Deadline, timeout};
 
 use crate::{
+    admission::{Evaluated, finish_batch, finish_check, finish_cleanup, validate},
     config::PostgresConfig,
     decide::{CheckSpec, Plan, StoredCounter, Write, decide, lock_id, shard_of},
     error::{
@@ -171,30 +170,6 @@ impl Prepared {
             })
             .collect();
         Self { keys, specs, mode }
-    }
-}
-
-/// What an admission transaction produced, before observation.
-pub(crate) enum Evaluated {
-    Allowed(Vec<Allowance>),
-    Denied { index: usize, denial: Denial },
-    ShadowDenied { index: usize, denial: QuotaDenial },
-}
-
-impl Evaluated {
-    pub(crate) fn outcome(&self) -> (AdmissionOutcome, ConsumptionStatus, Option<usize>) {
-        match self {
-            Self::Allowed(_) => (AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, None),
-            Self::Denied { index, denial: Denial::QuotaExceeded(_) } => {
-                (AdmissionOutcome::QuotaExceeded, ConsumptionStatus::NotConsumed, Some(*index))
-            }
-            Self::Denied { index, denial: Denial::StorageCapacity { .. } } => {
-                (AdmissionOutcome::StorageCapacity, ConsumptionStatus::NotConsumed, Some(*index))
-            }
-            Self::ShadowDenied { index, .. } => {
-                (AdmissionOutcome::ShadowDenied, ConsumptionStatus::NotConsumed, Some(*index))
-            }
-        }
     }
 }
 
@@ -422,25 +397,7 @@ impl<O: Observer> PostgresLimiter<O> {
         let started = Instant::now();
         let mode = check.policy().quota_mode();
         let result = self.admit(Prepared::new(std::slice::from_ref(check), mode)).await;
-        let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
-        let (outcome, consumption) = match &result {
-            Ok(evaluated) => {
-                let (outcome, consumption, _) = evaluated.outcome();
-                (outcome, consumption)
-            }
-            Err(error) => (AdmissionOutcome::Failed, error.consumption()),
-        };
-        self.observe_admission(operation, outcome, consumption, started);
-        result.and_then(|evaluated| match evaluated {
-            Evaluated::Allowed(mut allowances) => {
-                allowances.pop().map(Decision::allowed).ok_or(CheckError::MalformedResponse {
-                    phase: CheckPhase::Preflight,
-                    reason: "no allowance",
-                })
-            }
-            Evaluated::Denied { denial, .. } => Ok(Decision::denied(denial)),
-            Evaluated::ShadowDenied { denial, .. } => Ok(Decision::shadow_denied(denial)),
-        })
+        finish_check(&self.observer, check.policy(), result, started)
     }
 
     /// Evaluates an atomic batch of at most [`MAX_BATCH_SIZE`](Self::MAX_BATCH_SIZE) checks:
@@ -462,54 +419,9 @@ impl<O: Observer> PostgresLimiter<O> {
         checks: &[Check<'_, FixedWindowPolicy>],
     ) -> Result<BatchDecision, BatchCheckError> {
         let started = Instant::now();
-        let batch_size = checks.len();
-        let policy_at = |index: Option<usize>| {
-            index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()))
-        };
-        let mode = match validate_batch(checks, Self::MAX_BATCH_SIZE) {
-            Ok(mode) => mode,
-            Err(error) => {
-                self.observe_admission(
-                    AdmissionOperation::Batch { size: batch_size, policy: None },
-                    AdmissionOutcome::InvalidBatch,
-                    ConsumptionStatus::NotConsumed,
-                    started,
-                );
-                return Err(BatchCheckError::InvalidBatch(error));
-            }
-        };
+        let mode = validate(&self.observer, checks, Self::MAX_BATCH_SIZE, started)?;
         let result = self.admit(Prepared::new(checks, mode)).await;
-        let (operation, outcome, consumption) = match &result {
-            Ok(evaluated) => {
-                let (outcome, consumption, index) = evaluated.outcome();
-                (
-                    AdmissionOperation::Batch { size: batch_size, policy: policy_at(index) },
-                    outcome,
-                    consumption,
-                )
-            }
-            Err(error) => (
-                AdmissionOperation::Batch { size: batch_size, policy: None },
-                AdmissionOutcome::Failed,
-                error.consumption(),
-            ),
-        };
-        self.observe_admission(operation, outcome, consumption, started);
-        let malformed = |_| {
-            BatchCheckError::Check(CheckError::MalformedResponse {
-                phase: CheckPhase::Preflight,
-                reason: "decision does not fit the batch",
-            })
-        };
-        match result? {
-            Evaluated::Allowed(allowances) => BatchDecision::allowed(allowances).map_err(malformed),
-            Evaluated::Denied { index, denial } => {
-                BatchDecision::denied(index, batch_size, denial).map_err(malformed)
-            }
-            Evaluated::ShadowDenied { index, denial } => {
-                BatchDecision::shadow_denied(index, batch_size, denial).map_err(malformed)
-            }
-        }
+        finish_batch(&self.observer, checks, result, started)
     }
 
     /// Deletes at most `maximum_rows` expired counter rows, oldest expiry first, freeing their
@@ -530,25 +442,7 @@ impl<O: Observer> PostgresLimiter<O> {
     pub async fn cleanup_expired(&self, maximum_rows: u32) -> Result<u64, MaintenanceError> {
         let started = Instant::now();
         let result = if maximum_rows == 0 { Ok(0) } else { self.run_cleanup(maximum_rows).await };
-        let outcome = match &result {
-            Ok(count) => CleanupOutcome::Removed { count: *count },
-            Err(error) if error.may_have_removed_rows() => CleanupOutcome::Unknown,
-            Err(_) => CleanupOutcome::NoEffect,
-        };
-        let observation = CleanupObservation::new(outcome, u64::from(maximum_rows), started.elapsed());
-        notify(&self.observer, &Observation::Cleanup(observation));
-        result
-    }
-
-    fn observe_admission(
-        &self,
-        operation: AdmissionOperation<'_>,
-        outcome: AdmissionOutcome,
-        consumption: ConsumptionStatus,
-        started: Instant,
-    ) {
-        let observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
-        notify(&self.observer, &Observation::Admission(observation));
+        finish_cleanup(&self.observer, maximum_rows, result, started)
     }
 
     async fn admit(&self, prepared: Prepared) -> Result<Evaluated, CheckError> {

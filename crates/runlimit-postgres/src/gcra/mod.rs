@@ -8,19 +8,18 @@ mod protocol;
 use std::{fmt, future::Future, time::Instant};
 
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check,
-    CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, GcraPolicy, Limiter, Observation,
-    Observer, QuotaMode, RateLimitPolicy, notify, validate_batch,
+    BatchDecision, Check, Decision, GcraPolicy, Limiter, Observer, QuotaMode, RateLimitPolicy,
 };
 use sqlx::{PgConnection, PgPool, Row};
 use tokio::time::Instant as Deadline;
 
 use crate::{
+    admission::{Evaluated, finish_batch, finish_check, finish_cleanup, validate},
     config::PostgresConfig,
     error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError},
     gcra::decide::{GcraPlan, GcraSpec, LedgerRow, StoredTat, decide_gcra, effective_now},
     limiter::{
-        Evaluated, Lease, acquire, acquire_for_maintenance, check_failure, column, commit_failure,
+        Lease, acquire, acquire_for_maintenance, check_failure, column, commit_failure,
         maintenance_commit_failure, maintenance_failure, malformed, write_failure,
     },
     migrations::run_migrator,
@@ -304,27 +303,9 @@ impl<O: Observer> PostgresGcraLimiter<O> {
     /// See the [type docs](Self#cancel-safety).
     pub async fn check(&self, check: &Check<'_, GcraPolicy>) -> Result<Decision, CheckError> {
         let started = Instant::now();
-        let result =
-            self.admit(Prepared::new(std::slice::from_ref(check), check.policy().quota_mode())).await;
-        let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
-        let (outcome, consumption) = match &result {
-            Ok(evaluated) => {
-                let (outcome, consumption, _) = evaluated.outcome();
-                (outcome, consumption)
-            }
-            Err(error) => (AdmissionOutcome::Failed, error.consumption()),
-        };
-        self.observe_admission(operation, outcome, consumption, started);
-        match result? {
-            Evaluated::Allowed(mut allowances) => {
-                allowances.pop().map(Decision::allowed).ok_or(CheckError::MalformedResponse {
-                    phase: CheckPhase::Preflight,
-                    reason: "no allowance",
-                })
-            }
-            Evaluated::Denied { denial, .. } => Ok(Decision::denied(denial)),
-            Evaluated::ShadowDenied { denial, .. } => Ok(Decision::shadow_denied(denial)),
-        }
+        let mode = check.policy().quota_mode();
+        let result = self.admit(Prepared::new(std::slice::from_ref(check), mode)).await;
+        finish_check(&self.observer, check.policy(), result, started)
     }
 
     /// Evaluates an atomic batch of at most [`MAX_BATCH_SIZE`](Self::MAX_BATCH_SIZE) checks, all
@@ -348,45 +329,9 @@ impl<O: Observer> PostgresGcraLimiter<O> {
         checks: &[Check<'_, GcraPolicy>],
     ) -> Result<BatchDecision, BatchCheckError> {
         let started = Instant::now();
-        let batch_size = checks.len();
-        let policy_at = |index: Option<usize>| {
-            index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()))
-        };
-        let mode = match validate_batch(checks, Self::MAX_BATCH_SIZE) {
-            Ok(mode) => mode,
-            Err(error) => {
-                self.observe_admission(
-                    AdmissionOperation::Batch { size: batch_size, policy: None },
-                    AdmissionOutcome::InvalidBatch,
-                    ConsumptionStatus::NotConsumed,
-                    started,
-                );
-                return Err(BatchCheckError::InvalidBatch(error));
-            }
-        };
+        let mode = validate(&self.observer, checks, Self::MAX_BATCH_SIZE, started)?;
         let result = self.admit(Prepared::new(checks, mode)).await;
-        let (index, outcome, consumption) = match &result {
-            Ok(evaluated) => {
-                let (outcome, consumption, index) = evaluated.outcome();
-                (index, outcome, consumption)
-            }
-            Err(error) => (None, AdmissionOutcome::Failed, error.consumption()),
-        };
-        let operation = AdmissionOperation::Batch { size: batch_size, policy: policy_at(index) };
-        self.observe_admission(operation, outcome, consumption, started);
-        let decision = match result? {
-            Evaluated::Allowed(allowances) => BatchDecision::allowed(allowances),
-            Evaluated::Denied { index, denial } => BatchDecision::denied(index, batch_size, denial),
-            Evaluated::ShadowDenied { index, denial } => {
-                BatchDecision::shadow_denied(index, batch_size, denial)
-            }
-        };
-        decision.map_err(|_| {
-            BatchCheckError::Check(CheckError::MalformedResponse {
-                phase: CheckPhase::Preflight,
-                reason: "decision does not fit the batch",
-            })
-        })
+        finish_batch(&self.observer, checks, result, started)
     }
 
     /// Deletes at most `maximum_rows` expired rows (keys fully rested), oldest expiry first,
@@ -414,25 +359,7 @@ impl<O: Observer> PostgresGcraLimiter<O> {
     pub async fn cleanup_expired(&self, maximum_rows: u32) -> Result<u64, MaintenanceError> {
         let started = Instant::now();
         let result = if maximum_rows == 0 { Ok(0) } else { self.run_cleanup(maximum_rows).await };
-        let outcome = match &result {
-            Ok(count) => CleanupOutcome::Removed { count: *count },
-            Err(error) if error.may_have_removed_rows() => CleanupOutcome::Unknown,
-            Err(_) => CleanupOutcome::NoEffect,
-        };
-        let observation = CleanupObservation::new(outcome, u64::from(maximum_rows), started.elapsed());
-        notify(&self.observer, &Observation::Cleanup(observation));
-        result
-    }
-
-    fn observe_admission(
-        &self,
-        operation: AdmissionOperation<'_>,
-        outcome: AdmissionOutcome,
-        consumption: ConsumptionStatus,
-        started: Instant,
-    ) {
-        let observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
-        notify(&self.observer, &Observation::Admission(observation));
+        finish_cleanup(&self.observer, maximum_rows, result, started)
     }
 
     async fn admit(&self, prepared: Prepared) -> Result<Evaluated, CheckError> {
