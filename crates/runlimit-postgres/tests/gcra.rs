@@ -19,15 +19,15 @@ use std::{
 
 use runlimit_core::{
     BatchDecision, BatchDecisionView, Check, ConsumptionStatus, Decision, DecisionView, Denial, GcraPolicy,
-    Limiter, PolicyId, QuotaMode, ScopeId,
+    Limiter, Observation, Observer, PolicyId, QuotaMode, ScopeId,
 };
 use runlimit_memory::{GcraStore, ManualClock, MemoryStoreConfig};
 use runlimit_postgres::{
     CREATE_RUNLIMIT_GCRA_SQL, CheckError, CheckPhase, GCRA_MIGRATOR, PostgresConfig, PostgresGcraLimiter,
     PostgresLimiter,
 };
-use sqlx::{Connection, PgConnection, migrate::Migrator};
-use support::{TestDatabase, subject, waiting_backend};
+use sqlx::{Connection, PgConnection, migrate::Migrator, postgres::PgPoolOptions};
+use support::{Cut, Proxy, TestDatabase, subject, waiting_backend};
 
 const IGNORE: &str = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
 
@@ -569,4 +569,78 @@ async fn migrations_upgrade_and_share_the_history() {
 
 fn gcra_policy_for_migrations() -> GcraPolicy {
     gcra("migrations", 1, 1_000, 1)
+}
+
+/// A lost `COMMIT` acknowledgement is an unknown outcome (here the server did commit: it was a
+/// consumption, which is why it is never replayed); a lost `ROLLBACK` after a denial still
+/// returns the denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn lost_commit_is_uncertain_and_lost_rollback_keeps_the_denial() {
+    let db = TestDatabase::create("gcra_lost_commit").await;
+    let _migrated = limiter(&db, 1).await;
+    let proxy = Proxy::start(&db.options).await;
+    let pool = db.pool_with(PgPoolOptions::new().max_connections(1), proxy.options(&db.options)).await;
+    let limiter = PostgresGcraLimiter::new(pool);
+    let mut admin = db.connection().await;
+    let policy = gcra("faults.commit", 1, 3_600_000, 2);
+    let key = check(&policy, subject(21, 1));
+    assert!(limiter.check(&key).await.unwrap().permits_request());
+    let before = stored_row(&mut admin, &key).await.unwrap();
+
+    proxy.arm(Cut::AfterForwarding(b"COMMIT;"));
+    let error = limiter.check(&key).await.unwrap_err();
+    assert!(matches!(error, CheckError::CommitOutcomeUnknown { .. }), "{error:?}");
+    assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after = stored_row(&mut admin, &key).await.unwrap();
+    assert_eq!(after.0, before.0 + 3_600_000, "the unacknowledged commit consumed one unit");
+
+    proxy.arm(Cut::BeforeForwarding(b"ROLLBACK"));
+    let denied = limiter.check(&key).await.unwrap();
+    assert!(matches!(denied.view(), DecisionView::Denied { denial: Denial::QuotaExceeded(_) }), "{denied:?}");
+    assert_eq!(stored_row(&mut admin, &key).await.unwrap(), after);
+    db.finish().await;
+}
+
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Observer for Recorder {
+    fn observe(&self, observation: &Observation<'_>) {
+        let entry = match observation {
+            Observation::Admission(admission) => {
+                format!("{:?}/{:?}", admission.outcome(), admission.consumption())
+            }
+            Observation::Cleanup(cleanup) => {
+                format!("cleanup {:?} of {}", cleanup.outcome(), cleanup.maximum())
+            }
+        };
+        self.0.lock().unwrap().push(entry);
+    }
+}
+
+/// One observation per admission and cleanup, with outcome and consumption certainty.
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn observations_for_every_admission_and_cleanup() {
+    let db = TestDatabase::create("gcra_observer").await;
+    let recorder = Recorder::default();
+    let limiter = limiter(&db, 2).await.with_observer(recorder.clone());
+    let policy = gcra("observer", 1, 3_600_000, 1);
+    let key = check(&policy, subject(30, 1));
+    assert!(limiter.check(&key).await.unwrap().permits_request());
+    assert!(!limiter.check(&key).await.unwrap().permits_request());
+    assert!(limiter.check_all(&[key, key]).await.is_err());
+    assert_eq!(limiter.cleanup_expired(7).await.unwrap(), 0);
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        [
+            "Allowed/Consumed",
+            "QuotaExceeded/NotConsumed",
+            "InvalidBatch/NotConsumed",
+            "cleanup Removed { count: 0 } of 7",
+        ]
+    );
+    db.finish().await;
 }
