@@ -111,7 +111,7 @@ impl<O> PostgresLimiter<O> {
         self
     }
 
-    /// Replaces the observer. It receives one [`Observation`] per admission and cleanup,
+    /// Replaces the observer. It receives one [`Observation`](runlimit_core::Observation) per admission and cleanup,
     /// synchronously, after the transaction is committed or rolled back. Observer panics are
     /// caught.
     #[must_use]
@@ -408,7 +408,7 @@ impl<O: Observer> PostgresLimiter<O> {
     /// # Errors
     ///
     /// [`BatchCheckError::InvalidBatch`] for a structurally invalid batch (checked by
-    /// [`validate_batch`] before any connection is acquired), otherwise
+    /// [`validate_batch`](runlimit_core::validate_batch) before any connection is acquired), otherwise
     /// [`BatchCheckError::Check`] with the same failures as [`check`](Self::check).
     ///
     /// # Cancel safety

@@ -141,7 +141,7 @@ impl<O> PostgresGcraLimiter<O> {
         self
     }
 
-    /// Replaces the observer. It receives one [`Observation`] per admission and cleanup,
+    /// Replaces the observer. It receives one [`Observation`](runlimit_core::Observation) per admission and cleanup,
     /// synchronously, after the transaction is committed or rolled back. Observer panics are
     /// caught.
     #[must_use]
@@ -317,7 +317,7 @@ impl<O: Observer> PostgresGcraLimiter<O> {
     /// # Errors
     ///
     /// [`BatchCheckError::InvalidBatch`] for a structurally invalid batch (checked by
-    /// [`validate_batch`] before any connection is acquired: empty, too large, mixed quota
+    /// [`validate_batch`](runlimit_core::validate_batch) before any connection is acquired: empty, too large, mixed quota
     /// modes, duplicate keys), otherwise [`BatchCheckError::Check`] with the same failures as
     /// [`check`](Self::check).
     ///
