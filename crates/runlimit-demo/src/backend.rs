@@ -12,7 +12,7 @@ use runlimit_memory::{
     GcraBatchError, GcraCheckError, GcraStore, MemoryBatchError, MemoryStore, MemoryStoreStats,
     PoisonedShardError, SystemClock,
 };
-use runlimit_postgres::{BatchCheckError, CheckError, PostgresLimiter};
+use runlimit_postgres::{BatchCheckError, CheckError, PostgresGcraLimiter, PostgresLimiter};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
@@ -111,15 +111,14 @@ impl fmt::Debug for IdentityLimiter {
 
 /// The backend of the `items` GCRA gate.
 ///
-/// Memory only for now. The seam for the PostgreSQL GCRA backend (issue 5,
-/// `runlimit_postgres::PostgresGcraLimiter`, which implements `Limiter<Policy = GcraPolicy>`)
-/// is this enum: add a `Postgres(PostgresGcraLimiter<TracingObserver>)` variant, its arms in
-/// the two `Limiter` methods and in [`Backends::readiness`], one error variant each in
-/// [`ItemsCheckError`] and [`ItemsBatchError`], and construct it in the server's backend
-/// setup when a database URL is given (after its `migrate()`).
+/// Runtime selection between the process-local [`GcraStore`] and the shared
+/// [`PostgresGcraLimiter`] (issue 5), both `Limiter<Policy = GcraPolicy>` and fed the same
+/// policy-bound checks.
 pub enum ItemsLimiter {
-    /// Process-local GCRA.
+    /// Process-local GCRA (no `--database-url`): each replica has its own burst.
     Memory(GcraStore<SystemClock, TracingObserver>),
+    /// Shared by every replica using the database (`--database-url`), migrated at start.
+    Postgres(PostgresGcraLimiter<TracingObserver>),
 }
 
 /// Why the items gate could not evaluate a check. The request is refused (503).
@@ -132,6 +131,14 @@ pub enum ItemsCheckError {
         /// The store's error.
         #[source]
         source: GcraCheckError,
+    },
+    /// PostgreSQL failed; see [`CheckError::consumption`] for whether quota may have been
+    /// consumed (never retried automatically).
+    #[error("postgresql gcra store unavailable")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: CheckError,
     },
 }
 
@@ -146,6 +153,13 @@ pub enum ItemsBatchError {
         #[source]
         source: GcraBatchError,
     },
+    /// PostgreSQL rejected or failed the batch.
+    #[error("postgresql gcra store rejected the batch")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: BatchCheckError,
+    },
 }
 
 impl Limiter for ItemsLimiter {
@@ -156,6 +170,9 @@ impl Limiter for ItemsLimiter {
     async fn check(&self, check: &Check<'_, GcraPolicy>) -> Result<Decision, ItemsCheckError> {
         match self {
             Self::Memory(store) => store.check(check).map_err(|source| ItemsCheckError::Memory { source }),
+            Self::Postgres(limiter) => {
+                limiter.check(check).await.map_err(|source| ItemsCheckError::Postgres { source })
+            }
         }
     }
 
@@ -163,6 +180,9 @@ impl Limiter for ItemsLimiter {
         match self {
             Self::Memory(store) => {
                 store.check_all(checks).map_err(|source| ItemsBatchError::Memory { source })
+            }
+            Self::Postgres(limiter) => {
+                limiter.check_all(checks).await.map_err(|source| ItemsBatchError::Postgres { source })
             }
         }
     }
@@ -172,6 +192,7 @@ impl fmt::Debug for ItemsLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Memory(_) => f.write_str("ItemsLimiter::Memory"),
+            Self::Postgres(_) => f.write_str("ItemsLimiter::Postgres"),
         }
     }
 }
@@ -232,31 +253,25 @@ impl Backends {
 
     /// Readiness of every backend a request may need: no memory store may have a poisoned
     /// shard (every admission touching one fails closed), and in PostgreSQL mode the database
-    /// must answer `SELECT 1` within `timeout`.
+    /// of every PostgreSQL-backed gate must answer `SELECT 1` within `timeout`.
     pub async fn readiness(&self, timeout: Duration) -> Readiness {
         let label = self.label();
         let mut poisoned_shards = poisoned(&self.client.stats());
         match &*self.identity {
             IdentityLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
             IdentityLimiter::Postgres(limiter) => {
-                let probe = sqlx::query("SELECT 1").execute(limiter.pool());
-                match tokio::time::timeout(timeout, probe).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(error)) => {
-                        tracing::warn!(error = %ErrorChain(&error), "readiness probe failed");
-                        return Readiness::unavailable(label, "database query failed".to_owned());
-                    }
-                    Err(_) => {
-                        return Readiness::unavailable(
-                            label,
-                            format!("database did not answer within {} ms", timeout.as_millis()),
-                        );
-                    }
+                if let Err(reason) = probe(limiter.pool(), timeout).await {
+                    return Readiness::unavailable(label, reason);
                 }
             }
         }
         match &*self.items {
             ItemsLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
+            ItemsLimiter::Postgres(limiter) => {
+                if let Err(reason) = probe(limiter.pool(), timeout).await {
+                    return Readiness::unavailable(label, reason);
+                }
+            }
         }
         if poisoned_shards > 0 {
             return Readiness::unavailable(
@@ -268,34 +283,61 @@ impl Backends {
     }
 }
 
+/// `SELECT 1` on `pool` within `timeout`; the `Err` is the readiness reason.
+async fn probe(pool: &sqlx::PgPool, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(pool)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => {
+            tracing::warn!(error = %ErrorChain(&error), "readiness probe failed");
+            Err("database query failed".to_owned())
+        }
+        Err(_) => Err(format!("database did not answer within {} ms", timeout.as_millis())),
+    }
+}
+
 impl Backends {
-    /// In PostgreSQL mode, spawns the periodic bounded cleanup of expired counter rows
-    /// (`cleanup_expired(CLEANUP_BATCH_ROWS)` every `interval`; expiry alone does not free a
-    /// capacity-ledger slot). `None` in memory mode, whose stores clean up on every check.
+    /// In PostgreSQL mode, spawns the periodic bounded cleanup of expired rows: every
+    /// `interval`, `cleanup_expired(CLEANUP_BATCH_ROWS)` on the fixed-window identity limiter,
+    /// then on the GCRA items limiter (expiry alone does not free a capacity-ledger slot).
+    /// Failures are logged and retried at the next tick, never immediately. `None` in memory
+    /// mode, whose stores clean up on every check. The attempt limiter needs no task: its
+    /// admissions reclaim expired rows of their shard.
     #[must_use]
     pub fn spawn_maintenance(&self, interval: Duration) -> Option<JoinHandle<()>> {
-        /// Rows removed per cleanup pass at most.
+        /// Rows removed per cleanup pass and limiter at most.
         const CLEANUP_BATCH_ROWS: u32 = 1_000;
 
-        if !matches!(*self.identity, IdentityLimiter::Postgres(_)) {
+        let postgres = matches!(*self.identity, IdentityLimiter::Postgres(_))
+            || matches!(*self.items, ItemsLimiter::Postgres(_));
+        if !postgres {
             return None;
         }
         let identity = Arc::clone(&self.identity);
+        let items = Arc::clone(&self.items);
         Some(tokio::spawn(async move {
-            let IdentityLimiter::Postgres(limiter) = &*identity else { return };
             let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                match limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await {
-                    Ok(removed) => tracing::debug!(removed, "expired counter rows removed"),
-                    Err(error) => tracing::warn!(
-                        error = %ErrorChain(&error),
-                        may_have_removed_rows = error.may_have_removed_rows(),
-                        "cleanup of expired counter rows failed"
-                    ),
+                if let IdentityLimiter::Postgres(limiter) = &*identity {
+                    log_cleanup("fixed_window", limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await);
+                }
+                if let ItemsLimiter::Postgres(limiter) = &*items {
+                    log_cleanup("gcra", limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await);
                 }
             }
         }))
+    }
+}
+
+fn log_cleanup(table: &'static str, result: Result<u64, runlimit_postgres::MaintenanceError>) {
+    match result {
+        Ok(removed) => tracing::debug!(table, removed, "expired rows removed"),
+        Err(error) => tracing::warn!(
+            table,
+            error = %ErrorChain(&error),
+            may_have_removed_rows = error.may_have_removed_rows(),
+            "cleanup of expired rows failed"
+        ),
     }
 }

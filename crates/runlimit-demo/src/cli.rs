@@ -25,9 +25,8 @@ use std::{
         (memory, before the body is read) and a per-identity gate (normalized identity: trimmed, \
         lowercased). GET /items is GCRA-limited per client. GET /healthz reports readiness.\n\n\
         With no options everything is in memory. With --database-url (or DATABASE_URL) the \
-        identity gate moves to PostgreSQL (migrations applied at start) so replicas share it; \
-        the per-client gate stays in memory per process. The GCRA gate of /items also stays in \
-        memory for now: the PostgreSQL GCRA backend (PostgresGcraLimiter) does not exist yet.\n\n\
+        identity gate and the GCRA gate of /items move to PostgreSQL (migrations applied at \
+        start) so replicas share them; the per-client gate stays in memory per process.\n\n\
         The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
         ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
         Logs go to stderr (RUST_LOG, default info); stdout gets one line once the server is \
@@ -38,7 +37,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL for the shared identity gate; without it everything is in memory.
+    /// PostgreSQL URL for the shared identity and items gates; without it everything is in memory.
     #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -89,8 +88,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub database_max_connections: u32,
 
-    /// Seconds between bounded cleanups of expired PostgreSQL counter rows (with
-    /// --database-url).
+    /// Seconds between bounded cleanups of expired PostgreSQL rows (fixed-window and GCRA;
+    /// with --database-url).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub cleanup_interval_secs: u64,
 }

@@ -29,7 +29,7 @@
 //! |---|---|---|---|---|
 //! | `login-client` | `demo.login` / `client` | anchored fixed window | client network ([`ClientKey`]) | hard-bounded `MemoryStore`, always per process |
 //! | `login-identity` | `demo.login` / `identity` | anchored fixed window | normalized identity ([`normalize_identity`]) | `MemoryStore`; `PostgresLimiter` with `--database-url` |
-//! | `items` | `demo.items` / `client` | GCRA | client network ([`ClientKey`]) | `GcraStore` (see below) |
+//! | `items` | `demo.items` / `client` | GCRA | client network ([`ClientKey`]) | `GcraStore`; `PostgresGcraLimiter` with `--database-url` |
 //!
 //! The per-client `login-client` gate is the coarse, hard-bounded memory gate the Runlimit
 //! documentation recommends in front of body parsing and database acquisition: a flood from
@@ -46,12 +46,12 @@
 //!
 //! - No options: everything in memory, per process.
 //! - `--database-url` (or `DATABASE_URL`): the `login-identity` gate moves to
-//!   `runlimit_postgres::PostgresLimiter` (migrations are applied at start), so every replica
-//!   pointing at the database shares the identity quota. `login-client` stays in memory (per
-//!   process) by design. The `items` GCRA gate stays in memory **for now**: the PostgreSQL
-//!   GCRA backend (`PostgresGcraLimiter`, issue 5) does not exist yet. [`ItemsLimiter`] is the
-//!   seam: an application enum implementing [`Limiter`](runlimit_core::Limiter), to which
-//!   that backend is added as one more variant.
+//!   `runlimit_postgres::PostgresLimiter` and the `items` GCRA gate to
+//!   `runlimit_postgres::PostgresGcraLimiter` (both migrated at start), so every replica
+//!   pointing at the database shares the identity quota and the items burst. `login-client`
+//!   stays in memory (per process) by design. [`IdentityLimiter`] and [`ItemsLimiter`] are
+//!   application enums implementing [`Limiter`](runlimit_core::Limiter) that dispatch to the
+//!   chosen backend.
 //!
 //! All replicas sharing a database must use the same policies, normalization rules and HMAC
 //! secret.

@@ -8,7 +8,7 @@ use std::{
 };
 
 use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError};
-use runlimit_postgres::{MigrationError, PostgresLimiter};
+use runlimit_postgres::{MigrationError, PostgresGcraLimiter, PostgresLimiter};
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -110,11 +110,11 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
     let observer = TracingObserver::new("memory");
     let client = Arc::new(MemoryStore::builder(config).with_observer(observer).build());
-    // The GCRA gate stays in memory in both modes until `PostgresGcraLimiter` (issue 5)
-    // exists; then it becomes `ItemsLimiter::Postgres` when a database URL is given.
-    let items = Arc::new(ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()));
-    let identity = match &args.database_url {
-        None => IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()),
+    let (identity, items) = match &args.database_url {
+        None => (
+            IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()),
+            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()),
+        ),
         Some(url) => {
             let pool = PgPoolOptions::new()
                 .max_connections(args.database_max_connections)
@@ -122,13 +122,16 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
                 .connect(url)
                 .await
                 .map_err(|source| RunError::Connect { source })?;
-            let limiter = PostgresLimiter::new(pool).with_observer(TracingObserver::new("postgres"));
-            limiter.migrate().await.map_err(|source| RunError::Migrate { source })?;
+            let postgres = TracingObserver::new("postgres");
+            let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres);
+            identity.migrate().await.map_err(|source| RunError::Migrate { source })?;
+            let items = PostgresGcraLimiter::new(pool).with_observer(postgres);
+            items.migrate().await.map_err(|source| RunError::Migrate { source })?;
             tracing::info!("runlimit-postgres migrations applied");
-            IdentityLimiter::Postgres(limiter)
+            (IdentityLimiter::Postgres(identity), ItemsLimiter::Postgres(items))
         }
     };
-    Ok(Backends { client, identity: Arc::new(identity), items })
+    Ok(Backends { client, identity: Arc::new(identity), items: Arc::new(items) })
 }
 
 /// Runs the demo until SIGINT or SIGTERM.
@@ -164,7 +167,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         port = address.port(),
         identity_gate = label,
         client_gate = "memory",
-        items_gate = "memory",
+        items_gate = label,
         trusted_proxies = args.trusted_proxies.len(),
         "serving"
     );

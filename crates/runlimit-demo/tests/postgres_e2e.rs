@@ -58,7 +58,7 @@ fn database_urls() {
 
 #[tokio::test]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
-async fn two_replicas_share_the_identity_quota_and_keep_their_own_client_gates() {
+async fn two_replicas_share_the_identity_quota_and_the_items_burst_and_keep_their_own_client_gates() {
     let admin = admin_url();
     admin_sql(format!(r#"DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)"#)).await;
     admin_sql(format!(r#"CREATE DATABASE "{DATABASE}""#)).await;
@@ -73,6 +73,12 @@ async fn two_replicas_share_the_identity_quota_and_keep_their_own_client_gates()
         "5",
         "--identity-window-secs",
         "60",
+        "--items-quota",
+        "1",
+        "--items-period-secs",
+        "10",
+        "--items-burst",
+        "3",
     ];
     let env = [("RUNLIMIT_KEY_SECRET", SECRET), ("DATABASE_URL", url.as_str())];
     // Both replicas apply the migrations at start (the second finds them applied).
@@ -134,6 +140,32 @@ async fn two_replicas_share_the_identity_quota_and_keep_their_own_client_gates()
         .await
         .unwrap();
     assert_eq!(rows, 2);
+
+    // The items GCRA burst of 3 (1 per 10 s) is shared: two requests on A, one on B, then
+    // both replicas refuse. `t` is the time to full replenishment, rounded up (the few
+    // milliseconds between requests stay below one whole second).
+    for (replica, available, full) in [(&a, 2, 10), (&a, 1, 20), (&b, 0, 30)] {
+        let reply = http.get(&replica.url("/items"), &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert_eq!(reply.body, r#"{"items":["apple","banana","cherry"]}"#);
+        assert_fields(
+            &reply,
+            Some(r#""items";q=1;w=10"#),
+            Some(&format!(r#""items";r={available};t={full}"#)),
+            None,
+        );
+    }
+    for replica in [&a, &b] {
+        let reply = http.get(&replica.url("/items"), &[]).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+        assert_fields(&reply, Some(r#""items";q=1;w=10"#), Some(r#""items";r=0;t=10"#), Some("10"));
+        assert_eq!(reply.json(), quota_exceeded_body("items", 10));
+    }
+    // One GCRA row (one client: 127.0.0.1) in PostgreSQL.
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM runlimit_gcra").fetch_one(&mut connection).await.unwrap();
+    assert_eq!(rows, 1);
     connection.close().await.unwrap();
 
     // Losing the database fails closed: /healthz is 503 and logins are refused with 503.
@@ -163,6 +195,12 @@ async fn two_replicas_share_the_identity_quota_and_keep_their_own_client_gates()
         assert!(
             stderr.contains(
                 r#"admission backend="postgres" policy="demo.login" scope="identity" outcome="quota_exceeded""#
+            ),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(
+                r#"admission backend="postgres" policy="demo.items" scope="client" outcome="quota_exceeded""#
             ),
             "{stderr}"
         );
