@@ -11,8 +11,9 @@ use axum::{
 use http::{HeaderMap, StatusCode};
 use runlimit_axum::{Admissions, MapRejection, RateLimitLayer, RateLimitRejection};
 use runlimit_core::{
-    Check, Denial, FixedWindowPolicy, GcraPolicy, IdentifierError, KeyHasher, Limiter, PolicyError, PolicyId,
-    RateLimitPolicy, ScopeId,
+    Check, ConsumptionStatus, Denial, FixedWindowPolicy, GcraPolicy, IdentifierError, KeyHasher, Limiter,
+    PolicyError, PolicyId, RateLimitPolicy, ScopeId,
+    attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_http::draft_11::{
     MAX_INTEGER, PolicyName, PolicyNameError, QuotaPolicy, QuotaPolicyError, QuotaState, RateLimitFields,
@@ -91,23 +92,31 @@ pub enum GatesError {
     },
 }
 
-/// The three gates' policies and the names they are disclosed under.
+/// The gates' policies and the names they are disclosed under.
 ///
 /// | field | name | policy id / scope |
 /// |---|---|---|
 /// | [`login_client`](Self::login_client) | `login-client` | `demo.login` / `client` |
 /// | [`login_identity`](Self::login_identity) | `login-identity` | `demo.login` / `identity` |
+/// | [`login_attempts`](Self::login_attempts) | `login-attempts` | `demo.login` / `attempt` |
 /// | [`items`](Self::items) | `items` | `demo.items` / `client` |
+///
+/// `login-attempts` is an attempt policy, not a quota: it is named in `violated-policies` of
+/// its 429 problem bodies but never advertised in `RateLimit-Policy` / `RateLimit`.
 #[derive(Clone, Debug)]
 pub struct Gates {
     /// The per-client login gate (anchored fixed window).
     pub login_client: Arc<FixedWindowPolicy>,
     /// The per-identity login gate (anchored fixed window).
     pub login_identity: Arc<FixedWindowPolicy>,
+    /// The per-identity password-check attempt policy (one check at a time, exponential
+    /// backoff after failures).
+    pub login_attempts: Arc<AttemptPolicy>,
     /// The per-client GCRA gate of `GET /items`.
     pub items: Arc<GcraPolicy>,
     login_client_name: PolicyName,
     login_identity_name: PolicyName,
+    login_attempts_name: PolicyName,
     items_name: PolicyName,
 }
 
@@ -123,12 +132,14 @@ fn advertised<P: RateLimitPolicy>(gate: &'static str, policy: P) -> Result<(Arc<
 }
 
 impl Gates {
-    /// Builds the three policies from the options' limits and windows.
+    /// Builds the policies from the options' limits, windows and attempt durations.
     ///
     /// # Errors
     ///
     /// - [`GatesError::Policy`] when Runlimit rejects a count or window (0, above
-    ///   `MAX_LIMIT`, a window above `MAX_WINDOW`, a GCRA replenishment too long);
+    ///   `MAX_LIMIT`, a window above `MAX_WINDOW`, a GCRA replenishment too long) or an
+    ///   attempt duration (0, too long, cap below the initial delay, quiet period below the
+    ///   cap; `AttemptPolicy::new`);
     /// - [`GatesError::Header`] when a quota is above the RFC 9651 integer maximum
     ///   (999,999,999,999,999), so `RateLimit-Policy` could not carry it;
     /// - [`GatesError::BurstOutOfRange`] for such a GCRA burst capacity.
@@ -136,6 +147,7 @@ impl Gates {
         const CLIENT: &str = "login-client";
         const IDENTITY: &str = "login-identity";
         const ITEMS: &str = "items";
+        const ATTEMPTS: &str = "login-attempts";
 
         let (id, scope) = ids("demo.login", "client", CLIENT)?;
         let login_client = FixedWindowPolicy::new(
@@ -169,10 +181,31 @@ impl Gates {
                 maximum: MAX_INTEGER,
             });
         }
+        let (id, scope) = ids("demo.login", "attempt", ATTEMPTS)?;
+        let login_attempts = AttemptPolicy::new(
+            id,
+            scope,
+            Duration::from_secs(args.attempt_initial_delay_secs),
+            Duration::from_secs(args.attempt_delay_cap_secs),
+            Duration::from_secs(args.attempt_quiet_period_secs),
+            Duration::from_secs(args.attempt_lease_secs),
+        )
+        .map_err(|source| GatesError::Policy { gate: ATTEMPTS, source })?;
+        let login_attempts_name =
+            PolicyName::new(ATTEMPTS).map_err(|source| GatesError::Name { gate: ATTEMPTS, source })?;
         let (login_client, login_client_name) = advertised(CLIENT, login_client)?;
         let (login_identity, login_identity_name) = advertised(IDENTITY, login_identity)?;
         let (items, items_name) = advertised(ITEMS, items)?;
-        Ok(Self { login_client, login_identity, items, login_client_name, login_identity_name, items_name })
+        Ok(Self {
+            login_client,
+            login_identity,
+            login_attempts: Arc::new(login_attempts),
+            items,
+            login_client_name,
+            login_identity_name,
+            login_attempts_name,
+            items_name,
+        })
     }
 }
 
@@ -426,7 +459,57 @@ async fn login(
         }
     }
 
-    if app.inner.users.verify(&identity, &request.password) {
+    // The password check is an attempt of the identity's `login-attempts` subject: at most
+    // one in flight, and after a failure none until the backoff has passed.
+    let attempts_policy = &*gates.login_attempts;
+    let attempts_name = &gates.login_attempts_name;
+    let attempts = &app.backends().attempts;
+    let subject = app.inner.hasher.hash_attempt_for(attempts_policy, identity.as_bytes());
+    let receipt = match attempts.acquire(&subject).await {
+        Ok(AttemptDecision::Admitted(receipt)) => receipt,
+        Ok(AttemptDecision::Denied(denial)) => {
+            return Problem::attempt_denied(attempts_name, &denial).with_fields(fields).into_response();
+        }
+        Err(error) => {
+            // Never retried: an uncertain admission may hold a lease whose receipt is lost; it
+            // expires as a failure.
+            tracing::error!(
+                policy = attempts_policy.id().as_str(), scope = attempts_policy.scope().as_str(),
+                error = %ErrorChain(&error),
+                may_have_been_admitted = error.consumption() == ConsumptionStatus::MayHaveBeenConsumed,
+                "attempt limiter failed; request refused"
+            );
+            return Problem::backend_unavailable().with_fields(fields).into_response();
+        }
+    };
+
+    // No transaction is open here: a PostgreSQL admission committed before `acquire` returned.
+    // If the client goes away from now on, the dropped receipt's lease expires as a failure.
+    let verified = app.inner.users.verify(&identity, &request.password);
+    let outcome = if verified { AttemptOutcome::Success } else { AttemptOutcome::Failure };
+    let result = match attempts.complete(receipt, outcome).await {
+        Ok(result) => result,
+        Err(error) => {
+            // Never retried: an uncertain completion may have been recorded.
+            tracing::error!(
+                policy = attempts_policy.id().as_str(), scope = attempts_policy.scope().as_str(),
+                error = %ErrorChain(&error),
+                may_have_been_recorded = error.consumption() == ConsumptionStatus::MayHaveBeenConsumed,
+                "attempt completion failed; request refused"
+            );
+            return Problem::backend_unavailable().with_fields(fields).into_response();
+        }
+    };
+    if result == AttemptCompletionResult::Stale {
+        // The lease expired (or was superseded) before the check finished: the attempt already
+        // counted as a failure, so the login fails whatever the password said.
+        tracing::warn!(
+            policy = attempts_policy.id().as_str(),
+            scope = attempts_policy.scope().as_str(),
+            "password check outlived its attempt lease; login treated as failed"
+        );
+    }
+    if verified && result == AttemptCompletionResult::Reset {
         with_fields(&fields, Json(serde_json::json!({ "authenticated": true })))
     } else {
         Problem::about_blank(StatusCode::UNAUTHORIZED, "identity or password is wrong")

@@ -7,12 +7,19 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use runlimit_core::{BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter};
-use runlimit_memory::{
-    GcraBatchError, GcraCheckError, GcraStore, MemoryBatchError, MemoryStore, MemoryStoreStats,
-    PoisonedShardError, SystemClock,
+use runlimit_core::{
+    AttemptSubject, BatchDecision, Check, ConsumptionStatus, Decision, FixedWindowPolicy, GcraPolicy,
+    Limiter,
+    attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome},
 };
-use runlimit_postgres::{BatchCheckError, CheckError, PostgresGcraLimiter, PostgresLimiter};
+use runlimit_memory::{
+    GcraBatchError, GcraCheckError, GcraStore, MemoryAttemptLimiter, MemoryAttemptReceipt, MemoryBatchError,
+    MemoryStore, MemoryStoreStats, PoisonedShardError, SystemClock,
+};
+use runlimit_postgres::{
+    BatchCheckError, CheckError, PostgresGcraLimiter, PostgresLimiter,
+    attempts::{PostgresAttemptLimiter, PostgresAttemptReceipt},
+};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
@@ -197,6 +204,175 @@ impl fmt::Debug for ItemsLimiter {
     }
 }
 
+/// The backend of the `login-attempts` password-check attempt limiter (issue 7): at most one
+/// password check in flight per normalized identity, and after each failure an exponential
+/// backoff (`runlimit_core::attempts::AttemptPolicy`).
+///
+/// Not a [`Limiter`]: an attempt is admitted with a receipt and later completed with its
+/// outcome, so the enum has its own [`acquire`](Self::acquire) and
+/// [`complete`](Self::complete).
+pub enum LoginAttempts {
+    /// Process-local (no `--database-url`): each replica keeps its own backoff state.
+    Memory(MemoryAttemptLimiter<SystemClock, TracingObserver>),
+    /// Shared by every replica using the database (`--database-url`), migrated at start.
+    Postgres(PostgresAttemptLimiter<TracingObserver>),
+}
+
+/// The receipt of an admitted password-check attempt, from [`LoginAttempts::acquire`];
+/// complete it with [`LoginAttempts::complete`]. Dropping it is no refund: the lease expires
+/// as a failure at its deadline.
+#[must_use = "complete the receipt; dropping it counts as a failure at the lease deadline"]
+#[derive(Debug)]
+pub enum LoginAttemptReceipt {
+    /// From [`LoginAttempts::Memory`].
+    Memory(MemoryAttemptReceipt),
+    /// From [`LoginAttempts::Postgres`].
+    Postgres(PostgresAttemptReceipt),
+}
+
+/// Why an attempt could not be admitted or denied. Nothing was admitted, except after a
+/// PostgreSQL error whose [`consumption`](Self::consumption) is `MayHaveBeenConsumed` (then a
+/// lease may exist whose receipt is lost; it expires as a failure). Never retried
+/// automatically; the request is refused (503).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttemptAcquireError {
+    /// A memory shard is poisoned.
+    #[error("memory attempt limiter unavailable")]
+    Memory {
+        /// The limiter's error.
+        #[source]
+        source: PoisonedShardError,
+    },
+    /// PostgreSQL failed.
+    #[error("postgresql attempt limiter unavailable")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: CheckError,
+    },
+}
+
+/// Why an attempt's outcome could not be recorded. Unless [`consumption`](Self::consumption)
+/// is `MayHaveBeenConsumed`, nothing was recorded and the lease expires as a failure at its
+/// deadline. Never retried automatically; the request is refused (503).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttemptCompleteError {
+    /// A memory shard is poisoned.
+    #[error("memory attempt limiter unavailable")]
+    Memory {
+        /// The limiter's error.
+        #[source]
+        source: PoisonedShardError,
+    },
+    /// PostgreSQL failed.
+    #[error("postgresql attempt limiter unavailable")]
+    Postgres {
+        /// The backend's error.
+        #[source]
+        source: CheckError,
+    },
+}
+
+impl AttemptAcquireError {
+    /// Whether the failed admission may have leased an attempt: `MayHaveBeenConsumed` only for
+    /// a PostgreSQL commit with an unknown outcome, `NotConsumed` otherwise.
+    #[must_use]
+    pub fn consumption(&self) -> ConsumptionStatus {
+        match self {
+            Self::Memory { .. } => ConsumptionStatus::NotConsumed,
+            Self::Postgres { source } => source.consumption(),
+        }
+    }
+}
+
+impl AttemptCompleteError {
+    /// Whether the failed completion may have been recorded: `MayHaveBeenConsumed` only for a
+    /// PostgreSQL commit with an unknown outcome, `NotConsumed` otherwise.
+    #[must_use]
+    pub fn consumption(&self) -> ConsumptionStatus {
+        match self {
+            Self::Memory { .. } => ConsumptionStatus::NotConsumed,
+            Self::Postgres { source } => source.consumption(),
+        }
+    }
+}
+
+impl LoginAttempts {
+    /// Admits a password-check attempt for `subject` (from
+    /// [`KeyHasher::hash_attempt_for`](runlimit_core::KeyHasher::hash_attempt_for)) or says
+    /// why not: [`AttemptDecision::Admitted`] with a receipt holding a lease, or
+    /// [`AttemptDecision::Denied`] (`InProgress`, `Backoff` or `StorageCapacity`, delays in
+    /// whole milliseconds of the backend's clock). In PostgreSQL mode this is one committed
+    /// transaction, finished before it returns.
+    ///
+    /// # Errors
+    ///
+    /// [`AttemptAcquireError::Memory`] for a poisoned shard, [`AttemptAcquireError::Postgres`]
+    /// for any database failure.
+    pub async fn acquire(
+        &self,
+        subject: &AttemptSubject<'_>,
+    ) -> Result<AttemptDecision<LoginAttemptReceipt>, AttemptAcquireError> {
+        match self {
+            Self::Memory(limiter) => match limiter.acquire(subject) {
+                Ok(AttemptDecision::Admitted(receipt)) => {
+                    Ok(AttemptDecision::Admitted(LoginAttemptReceipt::Memory(receipt)))
+                }
+                Ok(AttemptDecision::Denied(denial)) => Ok(AttemptDecision::Denied(denial)),
+                Err(source) => Err(AttemptAcquireError::Memory { source }),
+            },
+            Self::Postgres(limiter) => match limiter.acquire(subject).await {
+                Ok(AttemptDecision::Admitted(receipt)) => {
+                    Ok(AttemptDecision::Admitted(LoginAttemptReceipt::Postgres(receipt)))
+                }
+                Ok(AttemptDecision::Denied(denial)) => Ok(AttemptDecision::Denied(denial)),
+                Err(source) => Err(AttemptAcquireError::Postgres { source }),
+            },
+        }
+    }
+
+    /// Records `outcome` for the attempt of `receipt`, consuming it:
+    /// [`AttemptCompletionResult::Reset`] after a success,
+    /// [`AttemptCompletionResult::FailureRecorded`] after a failure, or
+    /// [`AttemptCompletionResult::Stale`] when the lease had expired or was superseded
+    /// (nothing recorded). A receipt from the other backend's variant (impossible in the demo,
+    /// whose two limiters are never mixed) is `Stale` too, as a foreign receipt is for each
+    /// backend; it is dropped and its lease expires as a failure.
+    ///
+    /// # Errors
+    ///
+    /// [`AttemptCompleteError::Memory`] for a poisoned shard, [`AttemptCompleteError::Postgres`]
+    /// for any database failure (see [`AttemptCompleteError::consumption`]).
+    pub async fn complete(
+        &self,
+        receipt: LoginAttemptReceipt,
+        outcome: AttemptOutcome,
+    ) -> Result<AttemptCompletionResult, AttemptCompleteError> {
+        match (self, receipt) {
+            (Self::Memory(limiter), LoginAttemptReceipt::Memory(receipt)) => {
+                limiter.complete(receipt, outcome).map_err(|source| AttemptCompleteError::Memory { source })
+            }
+            (Self::Postgres(limiter), LoginAttemptReceipt::Postgres(receipt)) => limiter
+                .complete(receipt, outcome)
+                .await
+                .map_err(|source| AttemptCompleteError::Postgres { source }),
+            (Self::Memory(_), LoginAttemptReceipt::Postgres(_))
+            | (Self::Postgres(_), LoginAttemptReceipt::Memory(_)) => Ok(AttemptCompletionResult::Stale),
+        }
+    }
+}
+
+impl fmt::Debug for LoginAttempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Memory(_) => f.write_str("LoginAttempts::Memory"),
+            Self::Postgres(_) => f.write_str("LoginAttempts::Postgres"),
+        }
+    }
+}
+
 /// Every limiter the demo checks, shared by the layers, the login handler and `/healthz`.
 #[derive(Clone, Debug)]
 pub struct Backends {
@@ -206,6 +382,8 @@ pub struct Backends {
     pub identity: Arc<IdentityLimiter>,
     /// The `items` gate's backend.
     pub items: Arc<ItemsLimiter>,
+    /// The `login-attempts` password-check attempt limiter.
+    pub attempts: Arc<LoginAttempts>,
 }
 
 /// What `GET /healthz` answers, as JSON: `{"status":"ready","backend":"memory"}`, or

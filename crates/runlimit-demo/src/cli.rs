@@ -23,10 +23,15 @@ use std::{
     long_about = "Runlimit demo service.\n\n\
         POST /login {\"identity\": \"...\", \"password\": \"...\"} passes a per-client gate \
         (memory, before the body is read) and a per-identity gate (normalized identity: trimmed, \
-        lowercased). GET /items is GCRA-limited per client. GET /healthz reports readiness.\n\n\
+        lowercased); the password check itself is an attempt per identity: one at a time, and \
+        after each consecutive failure a backoff doubling from --attempt-initial-delay-secs up \
+        to --attempt-delay-cap-secs (429 with Retry-After), reset by a success. \
+        GET /items is GCRA-limited per client. \
+        GET /healthz reports readiness.\n\n\
         With no options everything is in memory. With --database-url (or DATABASE_URL) the \
-        identity gate and the GCRA gate of /items move to PostgreSQL (migrations applied at \
-        start) so replicas share them; the per-client gate stays in memory per process.\n\n\
+        identity gate, the attempt limiter and the GCRA gate of /items move to PostgreSQL \
+        (migrations applied at start) so replicas share them; the per-client gate stays in memory \
+        per process.\n\n\
         The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
         ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
         Logs go to stderr (RUST_LOG, default info); stdout gets one line once the server is \
@@ -37,7 +42,8 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL for the shared identity and items gates; without it everything is in memory.
+    /// PostgreSQL URL for the shared identity, attempt and items limiters; without it everything
+    /// is in memory.
     #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -75,8 +81,30 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub items_burst: u64,
 
+    /// Password-check attempts per normalized identity (`login-attempts`): the backoff after
+    /// the first consecutive failure, in whole seconds. Each further failure doubles it, up to
+    /// --attempt-delay-cap-secs; a successful login resets it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    pub attempt_initial_delay_secs: u64,
+
+    /// The longest backoff between password-check attempts for one identity, in whole seconds
+    /// (at least --attempt-initial-delay-secs).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub attempt_delay_cap_secs: u64,
+
+    /// Failure history of an identity is forgotten after this many whole seconds without a
+    /// failure (at least --attempt-delay-cap-secs).
+    #[arg(long, value_name = "SECONDS", default_value_t = 900)]
+    pub attempt_quiet_period_secs: u64,
+
+    /// How long one admitted password check may take, in whole seconds; meanwhile other
+    /// checks of the same identity are refused, and an attempt never completed counts as a
+    /// failure at this deadline.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub attempt_lease_secs: u64,
+
     /// Hard bound on keys held by each memory store (client, items, and the in-memory
-    /// identity gate each get their own store of this size).
+    /// identity gate and attempt limiter each get their own store of this size).
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     pub memory_max_keys: usize,
 
@@ -109,6 +137,10 @@ impl fmt::Debug for Args {
             .field("items_quota", &self.items_quota)
             .field("items_period_secs", &self.items_period_secs)
             .field("items_burst", &self.items_burst)
+            .field("attempt_initial_delay_secs", &self.attempt_initial_delay_secs)
+            .field("attempt_delay_cap_secs", &self.attempt_delay_cap_secs)
+            .field("attempt_quiet_period_secs", &self.attempt_quiet_period_secs)
+            .field("attempt_lease_secs", &self.attempt_lease_secs)
             .field("memory_max_keys", &self.memory_max_keys)
             .field("memory_shards", &self.memory_shards)
             .field("database_max_connections", &self.database_max_connections)
@@ -131,6 +163,15 @@ mod tests {
         assert_eq!((args.client_limit, args.client_window_secs), (40, 60));
         assert_eq!((args.identity_limit, args.identity_window_secs), (8, 600));
         assert_eq!((args.items_quota, args.items_period_secs, args.items_burst), (10, 1, 20));
+        assert_eq!(
+            (
+                args.attempt_initial_delay_secs,
+                args.attempt_delay_cap_secs,
+                args.attempt_quiet_period_secs,
+                args.attempt_lease_secs
+            ),
+            (1, 60, 900, 30)
+        );
     }
 
     #[test]

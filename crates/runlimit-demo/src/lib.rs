@@ -15,7 +15,7 @@
 //!
 //! | route | gates, in the order they run | answers |
 //! |---|---|---|
-//! | `POST /login` | `login-client` ([`RateLimitLayer`](runlimit_axum::RateLimitLayer), memory, before the body is read), then `login-identity` (in the handler, after the JSON body is parsed) | 200, 401, 400/413/415/422 for a bad body, 429, 503 |
+//! | `POST /login` | `login-client` ([`RateLimitLayer`](runlimit_axum::RateLimitLayer), memory, before the body is read), then `login-identity` (in the handler, after the JSON body is parsed), then the `login-attempts` attempt limiter around the password check | 200, 401, 400/413/415/422 for a bad body, 429, 503 |
 //! | `GET /items` | `items` (GCRA, [`RateLimitLayer`](runlimit_axum::RateLimitLayer) per client) | 200, 429, 503 |
 //! | `GET /healthz` | none | 200 ready / 503 unavailable, as JSON |
 //!
@@ -39,16 +39,44 @@
 //! body-borne identity cannot be checked by a layer: the handler parses the body and checks
 //! the identity limiter directly, with the same policy-bound [`Check`](runlimit_core::Check).
 //!
-//! Every attempt counts against the identity quota, successful or not: this is a rate
+//! Every request counts against the identity quota, successful or not: this is a rate
 //! limit, not a lockout (durable lockouts are the application's business).
+//!
+//! ## Password-check attempts (`login-attempts`)
+//!
+//! After both gates admit a request, the password check itself is an attempt of the
+//! identity's subject under an [`AttemptPolicy`](runlimit_core::attempts::AttemptPolicy)
+//! (`demo.login` / `attempt`, subject
+//! [`KeyHasher::hash_attempt_for`](runlimit_core::KeyHasher::hash_attempt_for) of the
+//! normalized identity), through [`LoginAttempts`]: `MemoryAttemptLimiter` in memory mode,
+//! `PostgresAttemptLimiter` with `--database-url`.
+//!
+//! 1. `acquire`: at most one check per identity in flight, and none while the identity backs
+//!    off after a failure. A denial is `429` with `Retry-After` (the remaining delay in whole
+//!    seconds, rounded up) and a `quota-exceeded` problem body naming `login-attempts`; a
+//!    full attempt store is `503` `temporary-reduced-capacity`.
+//! 2. The password is verified with no transaction open (a PostgreSQL admission has
+//!    committed before `acquire` returns).
+//! 3. `complete(receipt, Success | Failure)`: a failure doubles the backoff
+//!    (`--attempt-initial-delay-secs`, 1 s by default, then 2 s, 4 s ... up to
+//!    `--attempt-delay-cap-secs`, 60 s); a success resets it; the failure history is forgotten
+//!    after `--attempt-quiet-period-secs` (900 s) without failures. A `Stale` completion (the
+//!    check outlived its `--attempt-lease-secs` lease, 30 s, and already counted as a failure)
+//!    answers 401 whatever the password said. A request abandoned mid-check drops its receipt,
+//!    which counts as a failure at the lease deadline.
+//!
+//! Limiter errors refuse the request with `503` and are never retried, in particular not
+//! one whose outcome is uncertain (`MayHaveBeenConsumed`).
 //!
 //! ## Storage modes
 //!
 //! - No options: everything in memory, per process.
 //! - `--database-url` (or `DATABASE_URL`): the `login-identity` gate moves to
-//!   `runlimit_postgres::PostgresLimiter` and the `items` GCRA gate to
-//!   `runlimit_postgres::PostgresGcraLimiter` (both migrated at start), so every replica
-//!   pointing at the database shares the identity quota and the items burst. `login-client`
+//!   `runlimit_postgres::PostgresLimiter`, the `items` GCRA gate to
+//!   `runlimit_postgres::PostgresGcraLimiter` and the attempt limiter to
+//!   `runlimit_postgres::attempts::PostgresAttemptLimiter` (all migrated at start), so every
+//!   replica pointing at the database shares the identity quota, the items burst and each
+//!   identity's attempt backoff. `login-client`
 //!   stays in memory (per process) by design. [`IdentityLimiter`] and [`ItemsLimiter`] are
 //!   application enums implementing [`Limiter`](runlimit_core::Limiter) that dispatch to the
 //!   chosen backend.
@@ -109,8 +137,9 @@ mod users;
 
 pub use crate::app::{App, Gates, GatesError, LOGIN_BODY_LIMIT, LoginRequest, router};
 pub use crate::backend::{
-    Backends, ClientStore, IdentityBatchError, IdentityCheckError, IdentityLimiter, ItemsBatchError,
-    ItemsCheckError, ItemsLimiter, Readiness,
+    AttemptAcquireError, AttemptCompleteError, Backends, ClientStore, IdentityBatchError, IdentityCheckError,
+    IdentityLimiter, ItemsBatchError, ItemsCheckError, ItemsLimiter, LoginAttemptReceipt, LoginAttempts,
+    Readiness,
 };
 pub use crate::cli::Args;
 pub use crate::client::{ClientAddressError, ClientKey, ClientNetwork, client_network};

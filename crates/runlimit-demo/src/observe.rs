@@ -2,6 +2,10 @@
 
 use runlimit_core::{
     AdmissionOperation, AdmissionOutcome, CleanupOutcome, ConsumptionStatus, Observation, Observer,
+    attempts::{
+        AttemptDenialReason, AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation,
+        AttemptOutcome,
+    },
 };
 
 /// A Runlimit [`Observer`] that emits one `tracing` event per admission.
@@ -11,6 +15,13 @@ use runlimit_core::{
 /// `storage_capacity`, `invalid_batch`, `failed`), `consumption` (`consumed`,
 /// `not_consumed`, `may_have_been_consumed`) and `elapsed_us`. Failures are `WARN`, every
 /// other admission `INFO`; cleanup passes are `DEBUG` under `runlimit_demo::cleanup`.
+///
+/// As an [`AttemptObserver`] it emits one event per attempt admission or completion, target
+/// `runlimit_demo::attempt`, fields `backend`, `policy`, `scope`, `operation` (`admission`,
+/// `complete_success`, `complete_failure`, `complete_abandoned`), `event` (`admitted`,
+/// `denied_in_progress`, `denied_backoff`, `denied_storage_capacity`, `completed_success`,
+/// `completed_failure`, `completed_abandoned`, `stale`, `uncertain_commit`, `failed`) and
+/// `elapsed_us`; `failed` and `uncertain_commit` are `WARN`, the rest `INFO`.
 ///
 /// Observations carry no subject keys, and this observer adds nothing: no identity,
 /// password, client address or key ever reaches a log line.
@@ -85,6 +96,49 @@ impl Observer for TracingObserver {
                     "cleanup"
                 );
             }
+        }
+    }
+}
+
+fn attempt_outcome_name(outcome: AttemptOutcome) -> (&'static str, &'static str) {
+    match outcome {
+        AttemptOutcome::Success => ("complete_success", "completed_success"),
+        AttemptOutcome::Failure => ("complete_failure", "completed_failure"),
+        AttemptOutcome::Abandoned => ("complete_abandoned", "completed_abandoned"),
+    }
+}
+
+impl AttemptObserver for TracingObserver {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        let policy = observation.policy().id().as_str();
+        let scope = observation.policy().scope().as_str();
+        let operation = match observation.operation() {
+            AttemptOperation::Admission => "admission",
+            AttemptOperation::Completion(outcome) => attempt_outcome_name(outcome).0,
+        };
+        let event = match observation.event() {
+            AttemptEvent::Admitted => "admitted",
+            AttemptEvent::Denied(AttemptDenialReason::InProgress) => "denied_in_progress",
+            AttemptEvent::Denied(AttemptDenialReason::Backoff) => "denied_backoff",
+            AttemptEvent::Denied(AttemptDenialReason::StorageCapacity) => "denied_storage_capacity",
+            AttemptEvent::Completed(outcome) => attempt_outcome_name(outcome).1,
+            AttemptEvent::Stale => "stale",
+            AttemptEvent::UncertainCommit => "uncertain_commit",
+            AttemptEvent::Failed => "failed",
+        };
+        let elapsed_us = u64::try_from(observation.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if matches!(observation.event(), AttemptEvent::Failed | AttemptEvent::UncertainCommit) {
+            tracing::warn!(
+                target: "runlimit_demo::attempt",
+                backend = self.backend, policy, scope, operation, event, elapsed_us,
+                "attempt operation failed"
+            );
+        } else {
+            tracing::info!(
+                target: "runlimit_demo::attempt",
+                backend = self.backend, policy, scope, operation, event, elapsed_us,
+                "attempt"
+            );
         }
     }
 }

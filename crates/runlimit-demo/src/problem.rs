@@ -10,7 +10,7 @@ use http::{
     HeaderValue, StatusCode,
     header::{CONTENT_TYPE, RETRY_AFTER},
 };
-use runlimit_core::{Delay, QuotaDenial};
+use runlimit_core::{Delay, QuotaDenial, attempts::AttemptDenial};
 use runlimit_http::draft_11::{PolicyName, RateLimitFields};
 use serde::Serialize;
 
@@ -113,6 +113,55 @@ impl Problem {
                 "quota of policy \"{}\" is exhausted; retry after {seconds} seconds",
                 name.as_str()
             ),
+            violated_policies: vec![name.clone()],
+            retry_after: Some(seconds),
+            fields: RateLimitFields::new(),
+        }
+    }
+
+    /// The refusal of a password-check attempt by the attempt limiter `name`
+    /// (`runlimit_core::attempts`), shaped like [`quota_exceeded`](Self::quota_exceeded):
+    ///
+    /// - [`AttemptDenial::Backoff`]: 429 `quota-exceeded`, `Retry-After` the remaining backoff
+    ///   in whole seconds rounded up ([`Delay::seconds`]), detail
+    ///   `password checks of policy "NAME" are backing off after a failed attempt; retry after
+    ///   N seconds`;
+    /// - [`AttemptDenial::InProgress`]: 429 `quota-exceeded`, `Retry-After` the time to the
+    ///   active lease's deadline rounded up (0 when the backend does not know it), detail
+    ///   `another password check of policy "NAME" is in progress; retry after N seconds`;
+    /// - [`AttemptDenial::StorageCapacity`]: 503, as
+    ///   [`reduced_capacity`](Self::reduced_capacity), with `Retry-After` only when the store
+    ///   knows its earliest expiry.
+    ///
+    /// `violated-policies` names `name`. No `RateLimit` item is added for an attempt policy:
+    /// it is not a quota (no `q`/`w` to advertise).
+    pub fn attempt_denied(name: &PolicyName, denial: &AttemptDenial) -> Self {
+        let (seconds, detail) = match *denial {
+            AttemptDenial::Backoff { retry_after, .. } => {
+                let seconds = retry_after.seconds();
+                let detail = format!(
+                    "password checks of policy \"{}\" are backing off after a failed attempt; retry after \
+                     {seconds} seconds",
+                    name.as_str()
+                );
+                (seconds, detail)
+            }
+            AttemptDenial::InProgress { retry_after } => {
+                let seconds = retry_after.seconds();
+                let detail = format!(
+                    "another password check of policy \"{}\" is in progress; retry after {seconds} seconds",
+                    name.as_str()
+                );
+                (seconds, detail)
+            }
+            AttemptDenial::StorageCapacity { retry_after } => {
+                return Self::reduced_capacity(name, retry_after);
+            }
+        };
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: ProblemType::QuotaExceeded,
+            detail,
             violated_policies: vec![name.clone()],
             retry_after: Some(seconds),
             fields: RateLimitFields::new(),
@@ -240,6 +289,36 @@ mod tests {
             std::str::from_utf8(&body).unwrap(),
             r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"quota of policy \"login-identity\" is exhausted; retry after 600 seconds","violated-policies":["login-identity"]}"#
         );
+    }
+
+    #[tokio::test]
+    async fn attempt_denials() {
+        let name = PolicyName::new("login-attempts").unwrap();
+        let backoff =
+            AttemptDenial::Backoff { retry_after: Delay::from_millis(1_001), consecutive_failures: 2 };
+        let response = Problem::attempt_denied(&name, &backoff).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "2");
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"password checks of policy \"login-attempts\" are backing off after a failed attempt; retry after 2 seconds","violated-policies":["login-attempts"]}"#
+        );
+
+        let busy = AttemptDenial::InProgress { retry_after: Delay::from_millis(0) };
+        let response = Problem::attempt_denied(&name, &busy).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "0");
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"another password check of policy \"login-attempts\" is in progress; retry after 0 seconds","violated-policies":["login-attempts"]}"#
+        );
+
+        let full = AttemptDenial::StorageCapacity { retry_after: None };
+        let response = Problem::attempt_denied(&name, &full).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("retry-after").is_none());
     }
 
     #[tokio::test]

@@ -7,15 +7,19 @@ use std::{
     time::Duration,
 };
 
-use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError};
-use runlimit_postgres::{MigrationError, PostgresGcraLimiter, PostgresLimiter};
+use runlimit_memory::{
+    GcraStore, MemoryAttemptLimiter, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError,
+};
+use runlimit_postgres::{
+    MigrationError, PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter,
+};
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
 use crate::{
     app::{App, Gates, GatesError, router},
-    backend::{Backends, IdentityLimiter, ItemsLimiter},
+    backend::{Backends, IdentityLimiter, ItemsLimiter, LoginAttempts},
     cli::Args,
     observe::TracingObserver,
     secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher_from_env},
@@ -110,10 +114,11 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
     let observer = TracingObserver::new("memory");
     let client = Arc::new(MemoryStore::builder(config).with_observer(observer).build());
-    let (identity, items) = match &args.database_url {
+    let (identity, items, attempts) = match &args.database_url {
         None => (
             IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()),
             ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()),
+            LoginAttempts::Memory(MemoryAttemptLimiter::builder(config).with_observer(observer).build()),
         ),
         Some(url) => {
             let pool = PgPoolOptions::new()
@@ -125,13 +130,24 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
             let postgres = TracingObserver::new("postgres");
             let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres);
             identity.migrate().await.map_err(|source| RunError::Migrate { source })?;
-            let items = PostgresGcraLimiter::new(pool).with_observer(postgres);
+            let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres);
             items.migrate().await.map_err(|source| RunError::Migrate { source })?;
+            let attempts = PostgresAttemptLimiter::new(pool).with_observer(postgres);
+            attempts.migrate().await.map_err(|source| RunError::Migrate { source })?;
             tracing::info!("runlimit-postgres migrations applied");
-            (IdentityLimiter::Postgres(identity), ItemsLimiter::Postgres(items))
+            (
+                IdentityLimiter::Postgres(identity),
+                ItemsLimiter::Postgres(items),
+                LoginAttempts::Postgres(attempts),
+            )
         }
     };
-    Ok(Backends { client, identity: Arc::new(identity), items: Arc::new(items) })
+    Ok(Backends {
+        client,
+        identity: Arc::new(identity),
+        items: Arc::new(items),
+        attempts: Arc::new(attempts),
+    })
 }
 
 /// Runs the demo until SIGINT or SIGTERM.
@@ -168,6 +184,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         identity_gate = label,
         client_gate = "memory",
         items_gate = label,
+        attempt_limiter = label,
         trusted_proxies = args.trusted_proxies.len(),
         "serving"
     );

@@ -3,8 +3,13 @@
 
 mod support;
 
+use std::time::Duration;
+
 use http::StatusCode;
-use support::{ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, quota_exceeded_body};
+use support::{
+    ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, assert_ratelimit, attempt_backoff_body,
+    quota_exceeded_body, unauthorized_body,
+};
 
 #[tokio::test]
 async fn login_passes_the_client_then_the_identity_gate_with_exact_fields() {
@@ -345,4 +350,101 @@ async fn a_full_store_fails_closed_with_temporary_reduced_capacity() {
         Some("600"),
     );
     assert_eq!(reply.json()["violated-policies"], serde_json::json!(["login-identity"]));
+}
+
+#[tokio::test]
+async fn password_checks_back_off_per_identity_and_a_success_resets() {
+    // Initial delay 1 s, doubling per consecutive failure; client and identity quotas high
+    // enough never to refuse here.
+    let demo = Demo::start(
+        &[
+            "--identity-limit",
+            "20",
+            "--attempt-initial-delay-secs",
+            "1",
+            "--attempt-delay-cap-secs",
+            "60",
+            "--attempt-quiet-period-secs",
+            "900",
+            "--attempt-lease-secs",
+            "30",
+        ],
+        &[],
+    );
+    let http = Http::new();
+    let policy = Some(r#""login-client";q=40;w=60, "login-identity";q=20;w=600"#);
+    // Both quota gates admit every request below; `t` may drop by the seconds slept (< 5).
+    let fields =
+        |client: u64, identity: u64| [("login-client", client, 60), ("login-identity", identity, 600)];
+
+    // 1: wrong password -> 401; the failure starts a 1 s backoff for alice.
+    let reply = http.login(&demo, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    assert_eq!(reply.json(), unauthorized_body());
+    assert_fields(&reply, policy, Some(r#""login-client";r=39;t=60, "login-identity";r=19;t=600"#), None);
+
+    // 2: immediate retry (even with the right password, after normalization) -> 429 by the
+    // attempt limiter, Retry-After 1.
+    let reply = http.login(&demo, " Alice@Example.TEST ", ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(reply.header("ratelimit-policy"), policy);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_ratelimit(&reply, &fields(38, 18), 5);
+    assert_eq!(reply.json(), attempt_backoff_body(1));
+
+    // Another identity is not affected.
+    let reply = http.login(&demo, "bob@example.test", "hunter2hunter2").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+
+    // 3: after the 1 s delay, wrong again -> 401; now 2 consecutive failures.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let reply = http.login(&demo, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    assert_eq!(reply.json(), unauthorized_body());
+    assert_eq!(reply.header("retry-after"), None);
+    assert_ratelimit(&reply, &fields(36, 17), 5);
+
+    // 4: immediate retry -> 429, Retry-After 2 (the delay doubled).
+    let reply = http.login(&demo, ALICE, ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("ratelimit-policy"), policy);
+    assert_eq!(reply.header("retry-after"), Some("2"));
+    assert_ratelimit(&reply, &fields(35, 16), 5);
+    assert_eq!(reply.json(), attempt_backoff_body(2));
+
+    // 5: after the 2 s delay, the right password -> 200, which resets alice's failures.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let reply = http.login(&demo, ALICE, ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body, r#"{"authenticated":true}"#);
+    assert_eq!(reply.header("retry-after"), None);
+    assert_ratelimit(&reply, &fields(34, 15), 5);
+
+    // 6: reset: a wrong password right after is admitted (401), and the next retry waits the
+    // initial 1 s again, not 4 s.
+    let reply = http.login(&demo, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    let reply = http.login(&demo, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_ratelimit(&reply, &fields(32, 13), 5);
+    assert_eq!(reply.json(), attempt_backoff_body(1));
+
+    let (status, stderr) = demo.terminate();
+    assert!(status.success(), "{stderr}");
+    for (operation, event) in [
+        ("admission", "admitted"),
+        ("admission", "denied_backoff"),
+        ("complete_failure", "completed_failure"),
+        ("complete_success", "completed_success"),
+    ] {
+        let line = format!(
+            r#"attempt backend="memory" policy="demo.login" scope="attempt" operation="{operation}" event="{event}""#
+        );
+        assert!(stderr.contains(&line), "no {line:?} in:\n{stderr}");
+    }
+    for secret in ["alice", "Alice", "correct horse", "wrong", "127.0.0.1"] {
+        assert!(!stderr.contains(secret), "stderr leaks {secret:?}:\n{stderr}");
+    }
 }

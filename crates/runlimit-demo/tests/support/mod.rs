@@ -224,3 +224,42 @@ pub fn assert_fields(reply: &Reply, policy: Option<&str>, limit: Option<&str>, r
     assert_eq!(reply.header("ratelimit"), limit, "RateLimit of {reply:?}");
     assert_eq!(reply.header("retry-after"), retry_after, "Retry-After of {reply:?}");
 }
+
+/// The exact problem body of a `login-attempts` backoff denial with `retry` seconds.
+pub fn attempt_backoff_body(retry: u64) -> serde_json::Value {
+    serde_json::json!({
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "title": "Request cannot be satisfied as assigned quota has been exceeded",
+        "status": 429,
+        "detail": format!(
+            "password checks of policy \"login-attempts\" are backing off after a failed attempt; \
+             retry after {retry} seconds"
+        ),
+        "violated-policies": ["login-attempts"],
+    })
+}
+
+/// The exact 401 problem body.
+pub fn unauthorized_body() -> serde_json::Value {
+    serde_json::json!({
+        "type": "about:blank", "title": "Unauthorized", "status": 401,
+        "detail": "identity or password is wrong",
+    })
+}
+
+/// Asserts `RateLimit` of `reply` item by item: each item's name and `r` exactly as in
+/// `expected` (`[(name, r, window)]`), and its `t` (the time to the end of an anchored window,
+/// which moves with the wall clock while a test sleeps) between `window - slack` and
+/// `window` seconds.
+#[track_caller]
+pub fn assert_ratelimit(reply: &Reply, expected: &[(&str, u64, u64)], slack: u64) {
+    let value = reply.header("ratelimit").unwrap_or_else(|| panic!("no RateLimit in {reply:?}"));
+    let items: Vec<&str> = value.split(", ").collect();
+    assert_eq!(items.len(), expected.len(), "RateLimit {value:?}");
+    for (item, (name, remaining, window)) in items.iter().zip(expected) {
+        let (head, t) = item.rsplit_once(";t=").unwrap_or_else(|| panic!("no t in {item:?}"));
+        assert_eq!(head, format!("\"{name}\";r={remaining}"), "RateLimit {value:?}");
+        let t: u64 = t.parse().unwrap();
+        assert!((window - slack..=*window).contains(&t), "t={t} outside its window in {value:?}");
+    }
+}
