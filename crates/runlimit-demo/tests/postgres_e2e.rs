@@ -2,17 +2,24 @@
 //! loopback ports, sharing one fresh database created for the test.
 //!
 //! Needs `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` (a role with `CREATEDB`); panics without it.
-//! The database `runlimit_demo_e2e` is dropped by the test itself (a failing test keeps it
+//! The databases `runlimit_demo_e2e` and `runlimit_demo_e2e_attempts` are dropped by the
+//! tests themselves (a failing test keeps it
 //! for inspection; the next run drops the leftover first).
 
 mod support;
 
+use std::time::Duration;
+
 use http::StatusCode;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
-use support::{ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, quota_exceeded_body};
+use support::{
+    ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, quota_exceeded_body,
+    unauthorized_body,
+};
 
 const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
 const DATABASE: &str = "runlimit_demo_e2e";
+const ATTEMPTS_DATABASE: &str = "runlimit_demo_e2e_attempts";
 
 fn admin_url() -> String {
     std::env::var(DATABASE_URL_VARIABLE).unwrap_or_else(|_| {
@@ -208,4 +215,75 @@ async fn two_replicas_share_the_identity_quota_and_the_items_burst_and_keep_thei
             assert!(!stderr.contains(secret), "stderr leaks {secret:?}:\n{stderr}");
         }
     }
+}
+
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn two_replicas_share_each_identitys_password_check_backoff() {
+    let admin = admin_url();
+    admin_sql(format!(r#"DROP DATABASE IF EXISTS "{ATTEMPTS_DATABASE}" WITH (FORCE)"#)).await;
+    admin_sql(format!(r#"CREATE DATABASE "{ATTEMPTS_DATABASE}""#)).await;
+    let url = with_database(&admin, ATTEMPTS_DATABASE);
+
+    let args =
+        ["--identity-limit", "20", "--attempt-initial-delay-secs", "1", "--attempt-delay-cap-secs", "60"];
+    let env = [("RUNLIMIT_KEY_SECRET", SECRET), ("DATABASE_URL", url.as_str())];
+    let a = Demo::start(&args, &env);
+    let b = Demo::start(&args, &env);
+    let http = Http::new();
+
+    // A failure on A puts alice in backoff on B too.
+    let reply = http.login(&a, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    assert_eq!(reply.json(), unauthorized_body());
+    let reply = http.login(&b, ALICE, ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.json(), attempt_backoff_body(1));
+
+    // After the delay, a second failure on B doubles the backoff seen on A.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let reply = http.login(&b, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    let reply = http.login(&a, ALICE, ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("retry-after"), Some("2"));
+    assert_eq!(reply.json(), attempt_backoff_body(2));
+
+    // After that delay, a success on A resets alice for B: B's next failure backs off 1 s.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let reply = http.login(&a, ALICE, ALICE_PASSWORD).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body, r#"{"authenticated":true}"#);
+    let reply = http.login(&b, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+    let reply = http.login(&a, ALICE, "wrong").await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.json(), attempt_backoff_body(1));
+
+    // One attempt row (alice, in backoff) in PostgreSQL.
+    let mut connection = PgConnection::connect(&url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM runlimit_attempts")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    connection.close().await.unwrap();
+
+    for replica in [a, b] {
+        let (status, stderr) = replica.terminate();
+        assert!(status.success(), "{stderr}");
+        assert!(
+            stderr.contains(
+                r#"attempt backend="postgres" policy="demo.login" scope="attempt" operation="admission" event="denied_backoff""#
+            ),
+            "{stderr}"
+        );
+        for secret in ["alice", "correct horse", "postgres://"] {
+            assert!(!stderr.contains(secret), "stderr leaks {secret:?}:\n{stderr}");
+        }
+    }
+    admin_sql(format!(r#"DROP DATABASE "{ATTEMPTS_DATABASE}" WITH (FORCE)"#)).await;
 }
