@@ -409,7 +409,8 @@ fn body_problem(rejection: &JsonRejection) -> Problem {
 }
 
 /// `POST /login`: the client gate already admitted the request (layer); parse the body,
-/// check the identity gate, then the password.
+/// check the identity gate, then check the password as a `login-attempts` attempt
+/// (acquire, verify outside any transaction, complete with the outcome).
 async fn login(
     State(app): State<App>,
     admissions: Option<Extension<Admissions>>,
