@@ -270,11 +270,30 @@ async fn two_replicas_share_each_identitys_password_check_backoff() {
         .await
         .unwrap();
     assert_eq!(rows, 1);
-    connection.close().await.unwrap();
 
-    for replica in [a, b] {
-        let (status, stderr) = replica.terminate();
-        assert!(status.success(), "{stderr}");
+    // The attempt limiter fails closed: without its table (the quota gates still work) a
+    // login is refused with 503 and nothing is authenticated.
+    sqlx::raw_sql("DROP TABLE runlimit_attempts").execute(&mut connection).await.unwrap();
+    connection.close().await.unwrap();
+    let reply = http.login(&b, "bob@example.test", "hunter2hunter2").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(reply.header("retry-after"), None);
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({
+            "type": "about:blank", "title": "Service Unavailable", "status": 503,
+            "detail": "rate-limit backend unavailable; the request was not admitted",
+        })
+    );
+
+    let (status, b_stderr) = b.terminate();
+    assert!(status.success(), "{b_stderr}");
+    assert!(b_stderr.contains("attempt limiter failed; request refused"), "{b_stderr}");
+    assert!(b_stderr.contains("may_have_been_admitted=false"), "{b_stderr}");
+    let (status, a_stderr) = a.terminate();
+    assert!(status.success(), "{a_stderr}");
+    for stderr in [a_stderr, b_stderr] {
         assert!(
             stderr.contains(
                 r#"attempt backend="postgres" policy="demo.login" scope="attempt" operation="admission" event="denied_backoff""#
