@@ -431,7 +431,10 @@ impl Backends {
 
     /// Readiness of every backend a request may need: no memory store may have a poisoned
     /// shard (every admission touching one fails closed), and in PostgreSQL mode the database
-    /// of every PostgreSQL-backed gate must answer `SELECT 1` within `timeout`.
+    /// of every PostgreSQL-backed gate must answer `SELECT 1` within `timeout` (the attempt
+    /// limiter shares that pool). A poisoned shard of the in-memory attempt limiter is not
+    /// seen here: `MemoryAttemptLimiter` exposes no shard statistics (its admissions still
+    /// fail closed with 503).
     pub async fn readiness(&self, timeout: Duration) -> Readiness {
         let label = self.label();
         let mut poisoned_shards = poisoned(&self.client.stats());
