@@ -8,8 +8,6 @@
 //! here an outcome is always a named match arm of [`DecisionView`], and every reason an
 //! enforced denial can have is a variant of [`Denial`].
 
-use smallvec::SmallVec;
-
 use crate::{delay::Delay, policy::Capacity, policy::QuotaMode};
 
 /// Why [`Allowance::new`] rejected its values.
@@ -282,18 +280,9 @@ pub struct BatchDecision {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum BatchOutcome {
-    /// Inline for up to four checks, so small allowed batches do not allocate.
-    Allowed(SmallVec<[Allowance; 4]>),
-    Denied {
-        index: usize,
-        batch_size: usize,
-        denial: Denial,
-    },
-    ShadowDenied {
-        index: usize,
-        batch_size: usize,
-        denial: QuotaDenial,
-    },
+    Allowed(Vec<Allowance>),
+    Denied { index: usize, batch_size: usize, denial: Denial },
+    ShadowDenied { index: usize, batch_size: usize, denial: QuotaDenial },
 }
 
 /// A borrowed, exhaustive view of a [`BatchDecision`].
@@ -332,19 +321,6 @@ impl BatchDecision {
     ///
     /// [`BatchDecisionError::NoAllowances`] for an empty vector.
     pub fn allowed(allowances: Vec<Allowance>) -> Result<Self, BatchDecisionError> {
-        Self::allowed_from_iter(allowances)
-    }
-
-    /// An allowed batch from allowances in input order. Batches of up to four checks are
-    /// stored inline, without a heap allocation (a backend's hot path).
-    ///
-    /// # Errors
-    ///
-    /// [`BatchDecisionError::NoAllowances`] for an empty iterator.
-    pub fn allowed_from_iter(
-        allowances: impl IntoIterator<Item = Allowance>,
-    ) -> Result<Self, BatchDecisionError> {
-        let allowances: SmallVec<[Allowance; 4]> = allowances.into_iter().collect();
         if allowances.is_empty() {
             return Err(BatchDecisionError::NoAllowances);
         }
@@ -559,7 +535,7 @@ mod serde_impls {
         fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
             match &self.inner {
                 BatchOutcome::Allowed(allowances) => {
-                    BatchDecisionRepr::Allowed { allowances: allowances.to_vec() }
+                    BatchDecisionRepr::Allowed { allowances: allowances.clone() }
                 }
                 BatchOutcome::Denied { index, batch_size, denial } => {
                     BatchDecisionRepr::Denied { index: *index, batch_size: *batch_size, denial: *denial }

@@ -309,7 +309,7 @@ impl Engine {
                 BatchDecision::shadow_denied(index, batch_size, denial).map(|d| (d, Some(index)))
             }
             (None, None) => {
-                let mut allowances: SmallVec<[Allowance; 4]> = SmallVec::with_capacity(batch_size);
+                let mut allowances = Vec::with_capacity(batch_size);
                 for plan in &planned {
                     if let Some(Verdict::Allowed { allowance, next }) = plan.verdict {
                         let shard = &mut groups[plan.group].shard;
@@ -320,7 +320,7 @@ impl Engine {
                         allowances.push(allowance);
                     }
                 }
-                BatchDecision::allowed_from_iter(allowances).map(|d| (d, None))
+                BatchDecision::allowed(allowances).map(|d| (d, None))
             }
         };
         // Only observers read the headroom.
