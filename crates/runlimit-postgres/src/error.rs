@@ -191,32 +191,48 @@ impl CheckError {
     }
 }
 
-impl fmt::Debug for CheckError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::PoolTimeout { timeout } => f.debug_struct("PoolTimeout").field("timeout", timeout).finish(),
-            Self::Acquire { source } => f.debug_struct("Acquire").field("source", &Redacted(source)).finish(),
-            Self::Timeout { phase, timeout } => {
-                f.debug_struct("Timeout").field("phase", phase).field("timeout", timeout).finish()
-            }
-            Self::Database { phase, source } => {
-                f.debug_struct("Database").field("phase", phase).field("source", &Redacted(source)).finish()
-            }
-            Self::MalformedResponse { phase, reason } => {
-                f.debug_struct("MalformedResponse").field("phase", phase).field("reason", reason).finish()
-            }
-            Self::CommitRejected { source } => {
-                f.debug_struct("CommitRejected").field("source", &Redacted(source)).finish()
-            }
-            Self::CommitOutcomeUnknown { source } => {
-                f.debug_struct("CommitOutcomeUnknown").field("source", &Redacted(source)).finish()
-            }
-            Self::CommitTimeout { timeout } => {
-                f.debug_struct("CommitTimeout").field("timeout", timeout).finish()
+/// `Debug` for [`CheckError`] and [`MaintenanceError`], which share their variants: database
+/// errors are shown redacted (no message or detail), everything else as is.
+macro_rules! redacted_debug {
+    ($error:ident) => {
+        impl fmt::Debug for $error {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    Self::PoolTimeout { timeout } => {
+                        f.debug_struct("PoolTimeout").field("timeout", timeout).finish()
+                    }
+                    Self::Acquire { source } => {
+                        f.debug_struct("Acquire").field("source", &Redacted(source)).finish()
+                    }
+                    Self::Timeout { phase, timeout } => {
+                        f.debug_struct("Timeout").field("phase", phase).field("timeout", timeout).finish()
+                    }
+                    Self::Database { phase, source } => f
+                        .debug_struct("Database")
+                        .field("phase", phase)
+                        .field("source", &Redacted(source))
+                        .finish(),
+                    Self::MalformedResponse { phase, reason } => f
+                        .debug_struct("MalformedResponse")
+                        .field("phase", phase)
+                        .field("reason", reason)
+                        .finish(),
+                    Self::CommitRejected { source } => {
+                        f.debug_struct("CommitRejected").field("source", &Redacted(source)).finish()
+                    }
+                    Self::CommitOutcomeUnknown { source } => {
+                        f.debug_struct("CommitOutcomeUnknown").field("source", &Redacted(source)).finish()
+                    }
+                    Self::CommitTimeout { timeout } => {
+                        f.debug_struct("CommitTimeout").field("timeout", timeout).finish()
+                    }
+                }
             }
         }
-    }
+    };
 }
+
+redacted_debug!(CheckError);
 
 /// Why a [`PostgresLimiter::check_all`](crate::PostgresLimiter::check_all) batch could not be
 /// evaluated: the single-check failures plus the structural [`BatchError`] only a batch can
@@ -334,32 +350,7 @@ impl MaintenanceError {
     }
 }
 
-impl fmt::Debug for MaintenanceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::PoolTimeout { timeout } => f.debug_struct("PoolTimeout").field("timeout", timeout).finish(),
-            Self::Acquire { source } => f.debug_struct("Acquire").field("source", &Redacted(source)).finish(),
-            Self::Timeout { phase, timeout } => {
-                f.debug_struct("Timeout").field("phase", phase).field("timeout", timeout).finish()
-            }
-            Self::Database { phase, source } => {
-                f.debug_struct("Database").field("phase", phase).field("source", &Redacted(source)).finish()
-            }
-            Self::MalformedResponse { phase, reason } => {
-                f.debug_struct("MalformedResponse").field("phase", phase).field("reason", reason).finish()
-            }
-            Self::CommitRejected { source } => {
-                f.debug_struct("CommitRejected").field("source", &Redacted(source)).finish()
-            }
-            Self::CommitOutcomeUnknown { source } => {
-                f.debug_struct("CommitOutcomeUnknown").field("source", &Redacted(source)).finish()
-            }
-            Self::CommitTimeout { timeout } => {
-                f.debug_struct("CommitTimeout").field("timeout", timeout).finish()
-            }
-        }
-    }
-}
+redacted_debug!(MaintenanceError);
 
 /// Why [`PostgresLimiter::migrate`](crate::PostgresLimiter::migrate) failed.
 #[derive(Debug, thiserror::Error)]
@@ -490,6 +481,10 @@ mod tests {
         );
         assert_eq!(
             format!("{:?}", CheckError::Acquire { source: sqlx::Error::PoolTimedOut }),
+            "Acquire { source: PoolTimedOut }"
+        );
+        assert_eq!(
+            format!("{:?}", MaintenanceError::Acquire { source: sqlx::Error::PoolTimedOut }),
             "Acquire { source: PoolTimedOut }"
         );
     }
