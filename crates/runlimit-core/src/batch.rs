@@ -71,9 +71,13 @@ fn find_duplicate<P: RateLimitPolicy>(checks: &[Check<'_, P>]) -> Option<(usize,
     if checks.len() <= 16 {
         // Pairwise, without allocating: this runs on every batch admission, and small
         // batches are the common case (at most 120 comparisons of two 32-byte halves).
+        // Fingerprints first: batches usually share one subject under distinct policies.
         for later in 1..checks.len() {
-            let key = checks[later].counter_key();
-            if let Some(earlier) = checks[..later].iter().position(|check| check.counter_key() == key) {
+            let (fingerprint, subject) = (checks[later].policy().fingerprint(), checks[later].subject());
+            if let Some(earlier) = checks[..later]
+                .iter()
+                .position(|check| check.policy().fingerprint() == fingerprint && check.subject() == subject)
+            {
                 return Some((earlier, later));
             }
         }

@@ -215,6 +215,13 @@ fn decisions() {
 #[test]
 fn batch_decisions() {
     let quota = QuotaDenial::new(capacity(3), Delay::from_millis(7));
+    // The inline form of a small allowed batch serializes exactly like its `Vec` form.
+    round_trip(
+        &BatchDecision::allowed_from_iter([allowance(5, 4, 1_000), allowance(2, 0, 1)]).unwrap(),
+        Some(
+            r#"{"outcome":"allowed","allowances":[{"capacity":5,"available":4,"replenishes_after":{"secs":1,"nanos":0}},{"capacity":2,"available":0,"replenishes_after":{"secs":0,"nanos":1000000}}]}"#,
+        ),
+    );
     round_trip(
         &BatchDecision::allowed(vec![allowance(5, 4, 1_000), allowance(2, 0, 1)]).unwrap(),
         Some(

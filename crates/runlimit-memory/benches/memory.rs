@@ -11,10 +11,18 @@
 //! - `flood/*`: never-seen keys, each checked once; one limiter takes keys until it holds
 //!   1,000,000, then a fresh one replaces it (untimed), so the figure averages insertion into
 //!   a store of 0 to 1,000,000 keys.
-//! - `batch/*`: a two-check atomic `check_all` over two policies (20,000 entries in all).
+//! - `batch/*`: a two-check atomic `check_all` over two policies (20,000 entries in all), one
+//!   subject key bound to both (`SubjectKey::bind`), so both entries share a shard.
 //!   governor has no atomic batch, so its figure is two independent `check_key` calls on two
-//!   keyed limiters. `batch/*_two_checks` makes the same two checks independently with each
+//!   keyed limiters. `two_checks/*` makes the same two checks independently with each
 //!   store, isolating the cost of atomicity on the same working set.
+//! - `batch_across_shards/*`: the same batch with a different subject key per policy (what
+//!   `KeyHasher::hash_for` derives: the policy is part of the HMAC input), so the two entries
+//!   usually live on two shards and the batch takes two shard locks.
+//! - `single_wide/*`: one check per operation over those same 20,000 keys (alternately the
+//!   first policy's key and the second's), so a batch can also be compared with a single
+//!   check on the same working set: twice the entries of `single_threaded` miss the caches
+//!   more often, whatever the batching.
 //!
 //! After criterion finishes, the bench prints a summary: ns per check for each limiter, the
 //! ratio to governor, the batch-to-single ratio, and resident memory per key with 1,000,000
@@ -103,6 +111,19 @@ trait Subject: Sync {
     fn check_pair(&self, digest: &[u8; 32]) -> bool;
     /// The same two checks as two independent single checks.
     fn check_two(&self, digest: &[u8; 32]) -> bool;
+    /// An atomic two-check batch with a different subject key per policy (governor: two
+    /// independent checks).
+    fn check_pair_across(&self, digest: &[u8; 32]) -> bool;
+    /// A single check of the second policy's key in `batch_across_shards`.
+    fn check_second(&self, digest: &[u8; 32]) -> bool;
+}
+
+/// The second policy's subject key in `batch_across_shards`: another uniform digest, so its
+/// shard is independent of the first's.
+fn second_digest(digest: &[u8; 32]) -> [u8; 32] {
+    let mut other = *digest;
+    other.reverse();
+    other
 }
 
 struct Fixed {
@@ -125,6 +146,17 @@ impl Subject for Fixed {
         let subject = SubjectKey::from_digest(*digest);
         let first = self.store.check(&Check::new(subject.bind(&self.first))).unwrap().permits_request();
         first & self.store.check(&Check::new(subject.bind(&self.second))).unwrap().permits_request()
+    }
+    fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
+        let checks = [
+            Check::new(SubjectKey::from_digest(*digest).bind(&self.first)),
+            Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second)),
+        ];
+        self.store.check_all(&checks).unwrap().permits_request()
+    }
+    fn check_second(&self, digest: &[u8; 32]) -> bool {
+        let check = Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second));
+        self.store.check(&check).unwrap().permits_request()
     }
 }
 
@@ -149,6 +181,17 @@ impl Subject for Gcra {
         let first = self.store.check(&Check::new(subject.bind(&self.first))).unwrap().permits_request();
         first & self.store.check(&Check::new(subject.bind(&self.second))).unwrap().permits_request()
     }
+    fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
+        let checks = [
+            Check::new(SubjectKey::from_digest(*digest).bind(&self.first)),
+            Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second)),
+        ];
+        self.store.check_all(&checks).unwrap().permits_request()
+    }
+    fn check_second(&self, digest: &[u8; 32]) -> bool {
+        let check = Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second));
+        self.store.check(&check).unwrap().permits_request()
+    }
 }
 
 struct Governor {
@@ -165,6 +208,12 @@ impl Subject for Governor {
     }
     fn check_two(&self, digest: &[u8; 32]) -> bool {
         self.first.check_key(digest).is_ok() & self.second.check_key(digest).is_ok()
+    }
+    fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
+        self.first.check_key(digest).is_ok() & self.second.check_key(&second_digest(digest)).is_ok()
+    }
+    fn check_second(&self, digest: &[u8; 32]) -> bool {
+        self.second.check_key(&second_digest(digest)).is_ok()
     }
 }
 
@@ -206,15 +255,21 @@ enum Workload {
     Batch,
     /// The batch's two checks made independently, on the same keys.
     TwoChecks,
+    /// One atomic two-check batch with a subject key per policy (usually two shards).
+    BatchAcross,
+    /// One check per operation over the 20,000 keys of `BatchAcross`.
+    SingleWide,
 }
 
 impl Workload {
-    const ALL: [(Self, &'static str); 5] = [
+    const ALL: [(Self, &'static str); 7] = [
         (Self::Single, "single_threaded"),
         (Self::TwoThreads, "multi_threaded"),
         (Self::Flood, "flood"),
         (Self::Batch, "batch"),
         (Self::TwoChecks, "two_checks"),
+        (Self::BatchAcross, "batch_across_shards"),
+        (Self::SingleWide, "single_wide"),
     ];
 
     fn limiters(self) -> &'static [&'static str] {
@@ -245,6 +300,7 @@ impl Bench {
             match workload {
                 Workload::Single | Workload::TwoThreads => drop(limiter.check(d)),
                 Workload::Batch | Workload::TwoChecks => drop(limiter.check_pair(d)),
+                Workload::BatchAcross | Workload::SingleWide => drop(limiter.check_pair_across(d)),
                 Workload::Flood => {}
             }
         }
@@ -276,6 +332,23 @@ impl Bench {
             Workload::TwoChecks => timed(|| {
                 for _ in 0..iters {
                     black_box(limiter.check_two(next()));
+                }
+            }),
+            Workload::BatchAcross => timed(|| {
+                for _ in 0..iters {
+                    black_box(limiter.check_pair_across(next()));
+                }
+            }),
+            // Each digest twice: its first-policy key, then its second-policy key.
+            Workload::SingleWide => timed(|| {
+                let mut current = &digests[0];
+                for n in 0..iters {
+                    if n % 2 == 0 {
+                        current = next();
+                        black_box(limiter.check(current));
+                    } else {
+                        black_box(limiter.check_second(current));
+                    }
                 }
             }),
             Workload::TwoThreads => two_threads(limiter, digests, iters),
@@ -356,32 +429,50 @@ fn criterion_benches(c: &mut Criterion) {
     }
 }
 
-/// Noise-robust figures for a shared machine: many rounds, each measuring every limiter
-/// for one short burst back to back; the per-limiter minimum over rounds, in ns per
-/// operation. Interference only ever adds time, and the limiters are measured at the same
-/// moments, so minima and their ratios are stable where means are not. Each timed burst
-/// follows an untimed one over the same keys, so caches are as warm as in a long run.
-fn interleaved(workload: Workload) -> Vec<f64> {
+/// Noise-robust figures for a shared machine: many rounds, each measuring every limiter on
+/// every workload of `workloads` for one short burst back to back; the minimum over rounds of
+/// each (workload, limiter), in ns per operation. Interference only ever adds time, and
+/// everything compared is measured at the same moments, so minima and their ratios are stable
+/// where means are not. That is why the single-threaded workloads (single check, batches, two
+/// independent checks) share one set of rounds: the batch-to-single ratio compares figures
+/// taken side by side. Each timed burst follows an untimed one over the same keys, so caches
+/// are as warm as in a long run.
+fn interleaved(workloads: &[Workload]) -> Vec<(Workload, Vec<f64>)> {
     // Bursts of about a millisecond fit between preemptions; a whole flood per round.
-    let (iters, rounds) = match workload {
-        Workload::Flood => (FLOOD_KEYS, 3),
-        Workload::TwoThreads => (40_000, 61),
+    let (iters, rounds) = match workloads.first() {
+        Some(Workload::Flood) => (FLOOD_KEYS, 3),
+        Some(Workload::TwoThreads) => (40_000, 61),
         _ => (10_000, 101),
     };
-    let mut benches: Vec<Bench> =
-        workload.limiters().iter().map(|&name| Bench::new(workload, name)).collect();
+    let mut benches: Vec<(Workload, Bench)> = workloads
+        .iter()
+        .flat_map(|&workload| {
+            workload.limiters().iter().map(move |&name| (workload, Bench::new(workload, name)))
+        })
+        .collect();
     let mut best = vec![f64::INFINITY; benches.len()];
     for _ in 0..rounds {
-        for (bench, best) in benches.iter_mut().zip(&mut best) {
-            if workload != Workload::Flood {
-                // Untimed pass first: the previous limiter's burst evicted this one's keys.
-                bench.run(workload, iters);
+        for ((workload, bench), best) in benches.iter_mut().zip(&mut best) {
+            if *workload != Workload::Flood {
+                // Untimed pass first: the previous burst evicted this one's keys.
+                bench.run(*workload, iters);
             }
-            let elapsed = bench.run(workload, iters);
+            let elapsed = bench.run(*workload, iters);
             *best = best.min(elapsed.as_secs_f64() * 1e9 / iters as f64);
         }
     }
-    best
+    workloads
+        .iter()
+        .map(|&workload| {
+            let figures = benches
+                .iter()
+                .zip(&best)
+                .filter(|((w, _), _)| *w == workload)
+                .map(|(_, best)| *best)
+                .collect();
+            (workload, figures)
+        })
+        .collect()
 }
 
 /// Resident set size of this process in bytes, from `/proc/self/status` (Linux).
@@ -475,6 +566,8 @@ fn print_table(title: &str, figures: &dyn Fn(Workload, &str) -> Option<f64>) {
         (Workload::Flood, "flood of 1,000,000 distinct keys"),
         (Workload::Batch, "two-check batch"),
         (Workload::TwoChecks, "same two checks, independently"),
+        (Workload::BatchAcross, "two-check batch across shards"),
+        (Workload::SingleWide, "single check, the batch's 20,000 keys"),
     ] {
         let [memory, gcra, governor] = LIMITERS.map(|name| figures(workload, name));
         println!(
@@ -489,10 +582,22 @@ fn print_table(title: &str, figures: &dyn Fn(Workload, &str) -> Option<f64>) {
     let single = |name| figures(Workload::Single, name);
     let batch = |name| figures(Workload::Batch, name);
     let two = |name| figures(Workload::TwoChecks, name);
+    let across = |name| figures(Workload::BatchAcross, name);
     println!(
         "two-check batch / single check (target <= 2.50x): MemoryStore {}, GcraStore {}",
         ratio(batch("memory_store"), single("memory_store")),
         ratio(batch("gcra_store"), single("gcra_store"))
+    );
+    println!(
+        "two-check batch across shards / single check (target <= 2.50x): MemoryStore {}, GcraStore {}",
+        ratio(across("memory_store"), single("memory_store")),
+        ratio(across("gcra_store"), single("gcra_store"))
+    );
+    let wide = |name| figures(Workload::SingleWide, name);
+    println!(
+        "two-check batch across shards / single check on the same 20,000 keys: MemoryStore {}, GcraStore {}",
+        ratio(across("memory_store"), wide("memory_store")),
+        ratio(across("gcra_store"), wide("gcra_store"))
     );
     println!(
         "two-check batch / the same two checks made independently: MemoryStore {}, GcraStore {}",
@@ -509,8 +614,20 @@ fn summary(directory: &std::path::Path) {
     print_table("criterion estimates (slope, else mean):", &|workload, name| {
         estimate(directory, group(workload)?, name)
     });
-    let measured: Vec<(Workload, Vec<f64>)> =
-        Workload::ALL.iter().map(|&(workload, _)| (workload, interleaved(workload))).collect();
+    let measured: Vec<(Workload, Vec<f64>)> = [
+        &[
+            Workload::Single,
+            Workload::Batch,
+            Workload::TwoChecks,
+            Workload::BatchAcross,
+            Workload::SingleWide,
+        ][..],
+        &[Workload::TwoThreads],
+        &[Workload::Flood],
+    ]
+    .into_iter()
+    .flat_map(interleaved)
+    .collect();
     print_table("interleaved minimum of rounds (robust on a shared machine):", &|workload, name| {
         let (_, figures) = measured.iter().find(|(w, _)| *w == workload)?;
         let index = workload.limiters().iter().position(|&n| n == name)?;

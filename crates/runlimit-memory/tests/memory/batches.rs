@@ -176,3 +176,62 @@ fn gcra_batches_commit_together() {
         GcraBatchError::Store { source: MemoryBatchError::InvalidBatch { source: BatchError::EmptyBatch } }
     );
 }
+
+/// The shard subject `n` of `policy` lands on, found through the stats of a scratch store.
+fn shard_of(policy: &runlimit_core::FixedWindowPolicy, n: u64) -> usize {
+    let (scratch, _clock) = store(MemoryStoreConfig::new(8).unwrap().with_shard_count(2).unwrap());
+    scratch.check(&Check::new(subject(policy, n))).unwrap();
+    scratch.stats().shards.iter().position(|shard| shard.entries == 1).unwrap()
+}
+
+#[test]
+fn batches_on_one_shard_and_across_shards_follow_the_same_rules() {
+    // Two shards of two slots each. Subject keys come from `KeyHasher::hash_for`, so which
+    // shard a check lands on is fixed by its key; pick subjects per shard.
+    let (store, clock) = store(MemoryStoreConfig::new(4).unwrap().with_shard_count(2).unwrap());
+    let policy = fixed("p", 2, 1_000);
+    let on =
+        |shard: usize| -> Vec<u64> { (0..).filter(|&n| shard_of(&policy, n) == shard).take(3).collect() };
+    let (zero, one) = (on(0), on(1));
+    let check = |n: u64| Check::new(subject(&policy, n));
+
+    // Across both shards, allowed: every check consumed, in input order.
+    assert_eq!(batch_allowed(&store.check_all(&[check(zero[0]), check(one[0])]).unwrap()), [(1, 1_000); 2]);
+    // Across shards with one new key, then a one-check batch on shard 0: both shards full.
+    clock.advance_millis(100);
+    assert_eq!(
+        batch_allowed(&store.check_all(&[check(one[1]), check(zero[0])]).unwrap()),
+        [(1, 1_000), (0, 900)]
+    );
+    assert_eq!(store.check_all(&[check(zero[1])]).map(|d| batch_allowed(&d)).unwrap(), [(1, 1_000)]);
+    assert_eq!(store.stats().headroom(), 0);
+
+    // A batch needing a new slot on each full shard is denied at its first new key, with the
+    // latest of the two shards' earliest expiries: zero[0] and one[0] end at 1,000 ms, so
+    // both shards can take a key from then on.
+    clock.advance_millis(100);
+    let both_new = [check(one[0]), check(zero[2]), check(one[2])];
+    assert_eq!(
+        batch_denied(&store.check_all(&both_new).unwrap()),
+        (1, 3, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(800)) })
+    );
+    // On one full shard: the same denial with that shard's earliest expiry.
+    assert_eq!(
+        batch_denied(&store.check_all(&[check(zero[2])]).unwrap()),
+        (0, 1, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(800)) })
+    );
+    // Nothing consumed: one[0] still has one check left in its window.
+    assert_eq!(allowed(&store.check(&check(one[0])).unwrap()), (0, 800));
+    // A quota denial on one shard vetoes the allowed check on the other, across shards and on one.
+    let quota = QuotaDenial::new(policy.limit(), Delay::from_millis(800));
+    assert_eq!(
+        batch_denied(&store.check_all(&[check(one[1]), check(zero[0])]).unwrap()),
+        (1, 2, Denial::QuotaExceeded(quota))
+    );
+    assert_eq!(
+        batch_denied(&store.check_all(&[check(zero[1]), check(zero[0])]).unwrap()),
+        (1, 2, Denial::QuotaExceeded(quota))
+    );
+    assert_eq!(allowed(&store.check(&check(one[1])).unwrap()), (0, 900), "one[1] was not consumed");
+    assert_eq!(allowed(&store.check(&check(zero[1])).unwrap()), (0, 900), "zero[1] was not consumed");
+}
