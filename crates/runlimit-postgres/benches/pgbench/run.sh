@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The two-round-trip floor, measured with pgbench (a C client, lighter than SQLx per round trip).
+#
+#   PGHOST=127.0.0.1 PGUSER=postgres bash crates/runlimit-postgres/benches/pgbench/run.sh
+#
+# Creates the database `runlimit_pgbench`, applies the fixed-window migrations, stores 512
+# counters (and 512 baseline rows), then runs each script at 8 clients for 4 s, three rounds
+# interleaved, and prints transactions per second. Scripts:
+#   baseline.sql              the cargo bench baseline: one autocommitted upsert (prepared)
+#   bare_two_round_trips.sql  `BEGIN; UPDATE` then `COMMIT`: the cheapest transaction in which
+#                             the client reads an answer before deciding to commit
+#   runlimit_check.sql        the statements PostgresLimiter::check sends for a stored key
+#   simplified_check.sql      the same phases as plain single-table statements
+# Needs pgbench and psql on PATH or under /usr/lib/postgresql/*/bin. Drops the database after.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="$(dirname "$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | tail -1)")"
+db=runlimit_pgbench
+psql() { "$bin/psql" -v ON_ERROR_STOP=1 -q "$@"; }
+psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+for migration in "$here"/../../migrations/*.sql; do psql -1 -d "$db" -f "$migration"; done
+psql -d "$db" \
+  -c "CREATE TABLE bench_baseline (counter_key bytea PRIMARY KEY, used bigint NOT NULL) WITH (fillfactor = 80)" \
+  -c "INSERT INTO bench_baseline SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1 FROM generate_series(1, 512) AS i" \
+  -c "INSERT INTO runlimit_fixed_windows (counter_key, used, window_started_at, window_expires_at)
+      SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1, now(), now() + interval '10 days'
+      FROM generate_series(1, 512) AS i"
+for round in 1 2 3; do
+  for script in baseline bare_two_round_trips runlimit_check simplified_check; do
+    mode=simple; [ "$script" = baseline ] && mode=prepared
+    tps=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -f "$here/$script.sql" "$db" 2>&1 | awk '/^tps/ {print int($3)}')
+    echo "round $round  $script  $tps tps"
+  done
+done
+psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"

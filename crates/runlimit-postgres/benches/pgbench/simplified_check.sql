@@ -1,0 +1,3 @@
+\set id random(1,512)
+BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE\; SELECT pg_catalog.set_config('statement_timeout', '5000', true), pg_catalog.set_config('lock_timeout', '5000', true), pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), pg_catalog.pg_advisory_xact_lock(:id)\; SELECT w.used, w.window_expires_at FROM public.runlimit_fixed_windows AS w WHERE w.counter_key = pg_catalog.decode(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint),128,'0'),'hex') FOR NO KEY UPDATE\; SELECT pg_catalog.clock_timestamp();
+UPDATE public.runlimit_fixed_windows SET used = used + 1 WHERE counter_key = pg_catalog.decode(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint),128,'0'),'hex')\; COMMIT;
