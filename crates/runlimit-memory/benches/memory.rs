@@ -132,67 +132,49 @@ struct Fixed {
     second: FixedWindowPolicy,
 }
 
-impl Subject for Fixed {
-    fn check(&self, digest: &[u8; 32]) -> bool {
-        let check = Check::new(SubjectKey::from_digest(*digest).bind(&self.first));
-        self.store.check(&check).unwrap().permits_request()
-    }
-    fn check_pair(&self, digest: &[u8; 32]) -> bool {
-        let subject = SubjectKey::from_digest(*digest);
-        let checks = [Check::new(subject.bind(&self.first)), Check::new(subject.bind(&self.second))];
-        self.store.check_all(&checks).unwrap().permits_request()
-    }
-    fn check_two(&self, digest: &[u8; 32]) -> bool {
-        let subject = SubjectKey::from_digest(*digest);
-        let first = self.store.check(&Check::new(subject.bind(&self.first))).unwrap().permits_request();
-        first & self.store.check(&Check::new(subject.bind(&self.second))).unwrap().permits_request()
-    }
-    fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
-        let checks = [
-            Check::new(SubjectKey::from_digest(*digest).bind(&self.first)),
-            Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second)),
-        ];
-        self.store.check_all(&checks).unwrap().permits_request()
-    }
-    fn check_second(&self, digest: &[u8; 32]) -> bool {
-        let check = Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second));
-        self.store.check(&check).unwrap().permits_request()
-    }
-}
-
 struct Gcra {
     store: GcraStore,
     first: GcraPolicy,
     second: GcraPolicy,
 }
 
-impl Subject for Gcra {
-    fn check(&self, digest: &[u8; 32]) -> bool {
-        let check = Check::new(SubjectKey::from_digest(*digest).bind(&self.first));
-        self.store.check(&check).unwrap().permits_request()
-    }
-    fn check_pair(&self, digest: &[u8; 32]) -> bool {
-        let subject = SubjectKey::from_digest(*digest);
-        let checks = [Check::new(subject.bind(&self.first)), Check::new(subject.bind(&self.second))];
-        self.store.check_all(&checks).unwrap().permits_request()
-    }
-    fn check_two(&self, digest: &[u8; 32]) -> bool {
-        let subject = SubjectKey::from_digest(*digest);
-        let first = self.store.check(&Check::new(subject.bind(&self.first))).unwrap().permits_request();
-        first & self.store.check(&Check::new(subject.bind(&self.second))).unwrap().permits_request()
-    }
-    fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
-        let checks = [
-            Check::new(SubjectKey::from_digest(*digest).bind(&self.first)),
-            Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second)),
-        ];
-        self.store.check_all(&checks).unwrap().permits_request()
-    }
-    fn check_second(&self, digest: &[u8; 32]) -> bool {
-        let check = Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second));
-        self.store.check(&check).unwrap().permits_request()
-    }
+/// `Subject` for a store wrapper with `store`, `first` and `second` fields: both stores share
+/// one API, so one body serves both.
+macro_rules! store_subject {
+    ($wrapper:ident) => {
+        impl Subject for $wrapper {
+            fn check(&self, digest: &[u8; 32]) -> bool {
+                let check = Check::new(SubjectKey::from_digest(*digest).bind(&self.first));
+                self.store.check(&check).unwrap().permits_request()
+            }
+            fn check_pair(&self, digest: &[u8; 32]) -> bool {
+                let subject = SubjectKey::from_digest(*digest);
+                let checks = [Check::new(subject.bind(&self.first)), Check::new(subject.bind(&self.second))];
+                self.store.check_all(&checks).unwrap().permits_request()
+            }
+            fn check_two(&self, digest: &[u8; 32]) -> bool {
+                let subject = SubjectKey::from_digest(*digest);
+                let first =
+                    self.store.check(&Check::new(subject.bind(&self.first))).unwrap().permits_request();
+                first & self.store.check(&Check::new(subject.bind(&self.second))).unwrap().permits_request()
+            }
+            fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
+                let checks = [
+                    Check::new(SubjectKey::from_digest(*digest).bind(&self.first)),
+                    Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second)),
+                ];
+                self.store.check_all(&checks).unwrap().permits_request()
+            }
+            fn check_second(&self, digest: &[u8; 32]) -> bool {
+                let check = Check::new(SubjectKey::from_digest(second_digest(digest)).bind(&self.second));
+                self.store.check(&check).unwrap().permits_request()
+            }
+        }
+    };
 }
+
+store_subject!(Fixed);
+store_subject!(Gcra);
 
 struct Governor {
     first: DefaultKeyedRateLimiter<[u8; 32]>,

@@ -1,8 +1,8 @@
 //! The sharded engine both stores run on, parameterized by the counting algorithm.
 //!
 //! Locking protocol: a single check locks its one shard. A batch is validated, grouped by
-//! shard and checked against shard capacities before any lock (a batch on one shard, the
-//! common case, skips the grouping); then it locks every touched
+//! shard and checked against shard capacities before any lock (a batch on one shard skips the
+//! grouping); then it locks every touched
 //! shard in ascending shard index (so two batches can never wait on each other in a cycle),
 //! evaluates every check in input order against the locked state, commits all or nothing, and
 //! releases the locks. Observers run afterwards, in [`crate::store`].
@@ -316,8 +316,9 @@ impl Engine {
         }
     }
 
-    /// A batch whose keys share one shard: always the case for one subject under several
-    /// policies (the shard comes from the subject key), the common batch. The same rules as
+    /// A batch whose keys share one shard: every batch on a one-shard store, and a batch of
+    /// one subject key bound to several policies (`SubjectKey::bind`; the shard comes from the
+    /// subject key). The same rules as
     /// [`check_all_across_shards`](Self::check_all_across_shards) on a single locked shard,
     /// without its grouping bookkeeping, which measured about a fifth of a two-check batch.
     fn check_all_on_shard<A: Algorithm>(
