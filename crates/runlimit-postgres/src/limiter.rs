@@ -7,7 +7,8 @@ use std::{
 };
 
 use runlimit_core::{
-    BatchDecision, Check, Decision, FixedWindowPolicy, Limiter, Observer, QuotaMode, RateLimitPolicy,
+    Allowance, BatchDecision, Check, Decision, FixedWindowPolicy, Limiter, Observer, QuotaMode,
+    RateLimitPolicy,
 };
 use sqlx::{PgConnection, PgPool, Postgres, Row, pool::PoolConnection, postgres::PgRow};
 use tokio::time::{Instant as Deadline, timeout};
@@ -313,6 +314,61 @@ pub(crate) fn commit_failure(error: ScriptError, timeout: Duration) -> CheckErro
     }
 }
 
+/// How a decided admission ends, in its final round trip.
+pub(crate) enum Ending {
+    /// Allowed: `writes` (`statements` write statements, each verifying its own row count)
+    /// then `COMMIT`, sent together.
+    Commit { allowances: Vec<Allowance>, writes: String, statements: usize },
+    /// An enforced or shadow denial: `ROLLBACK`. The denial stands even if the rollback fails.
+    Rollback(Evaluated),
+}
+
+/// Runs one admission transaction, shared by the fixed-window and GCRA limiters: acquires a
+/// pooled connection within the pool acquisition timeout, gives `transaction` a fresh
+/// operation deadline, and returns the connection to the pool only if `transaction` reports
+/// that its transaction finished cleanly (otherwise the [`Lease`] closes it).
+pub(crate) async fn admit_leased(
+    pool: &PgPool,
+    config: &PostgresConfig,
+    transaction: impl AsyncFnOnce(&mut PgConnection, Deadline) -> (Result<Evaluated, CheckError>, bool),
+) -> Result<Evaluated, CheckError> {
+    let connection = acquire(pool, config).await?;
+    let mut lease = Lease { connection, clean: false };
+    let deadline = Deadline::now() + config.operation_timeout();
+    let (result, clean) = transaction(&mut lease.connection, deadline).await;
+    lease.clean = clean;
+    result
+}
+
+/// Sends an admission's final round trip and classifies its failure: a write answered with an
+/// error stopped the script before `COMMIT` ([`write_failure`]); a failure after the writes is
+/// a commit failure ([`commit_failure`]). Returns the result and whether the transaction
+/// finished cleanly.
+pub(crate) async fn end(
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    timeout: Duration,
+    ending: Ending,
+) -> (Result<Evaluated, CheckError>, bool) {
+    match ending {
+        Ending::Rollback(denied) => {
+            let clean = protocol::run(connection, protocol::ROLLBACK.to_owned(), deadline).await.is_ok();
+            (Ok(denied), clean)
+        }
+        Ending::Commit { allowances, mut writes, statements } => {
+            writes.push_str(protocol::COMMIT);
+            match protocol::run(connection, writes, deadline).await {
+                // Every statement succeeded, COMMIT included; the writes verified their row counts.
+                Ok(_) => (Ok(Evaluated::Allowed(allowances)), true),
+                Err(error) if error.completed < statements => {
+                    (Err(write_failure(error.failure, timeout)), false)
+                }
+                Err(error) => (Err(commit_failure(error, timeout)), false),
+            }
+        }
+    }
+}
+
 pub(crate) async fn acquire(
     pool: &PgPool,
     config: &PostgresConfig,
@@ -446,12 +502,10 @@ impl<O: Observer> PostgresLimiter<O> {
     }
 
     async fn admit(&self, prepared: Prepared) -> Result<Evaluated, CheckError> {
-        let connection = acquire(&self.pool, &self.config).await?;
-        let mut lease = Lease { connection, clean: false };
-        let deadline = Deadline::now() + self.config.operation_timeout();
-        let (result, clean) = self.admit_on(&mut lease.connection, deadline, &prepared).await;
-        lease.clean = clean;
-        result
+        admit_leased(&self.pool, &self.config, async |connection, deadline| {
+            self.admit_on(connection, deadline, &prepared).await
+        })
+        .await
     }
 
     /// The admission transaction. Returns the result and whether the connection finished its
@@ -462,50 +516,40 @@ impl<O: Observer> PostgresLimiter<O> {
         deadline: Deadline,
         prepared: &Prepared,
     ) -> (Result<Evaluated, CheckError>, bool) {
-        let timeout = self.config.operation_timeout();
         let (plan, now_us) = match self.evaluate(connection, deadline, prepared).await {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let (allowances, writes) = match plan {
-            Plan::Allowed { allowances, writes } => (allowances, writes),
-            Plan::Denied { index, denial } => {
-                let clean = protocol::run(connection, protocol::ROLLBACK.to_owned(), deadline).await.is_ok();
-                return (Ok(Evaluated::Denied { index, denial }), clean);
-            }
+        let ending = match plan {
+            Plan::Denied { index, denial } => Ending::Rollback(Evaluated::Denied { index, denial }),
             Plan::ShadowDenied { index, denial } => {
-                let clean = protocol::run(connection, protocol::ROLLBACK.to_owned(), deadline).await.is_ok();
-                return (Ok(Evaluated::ShadowDenied { index, denial }), clean);
+                Ending::Rollback(Evaluated::ShadowDenied { index, denial })
+            }
+            Plan::Allowed { allowances, writes } => {
+                // Update phase: at most one UPDATE and one INSERT whatever the batch size, then COMMIT,
+                // in one round trip. The writes verify their own row counts before COMMIT can run.
+                let window_ms = |spec: &CheckSpec| u64::try_from(spec.window.as_millis()).unwrap_or(u64::MAX);
+                let mut updates = Vec::new();
+                let mut inserts = Vec::new();
+                for ((key, spec), write) in prepared.keys.iter().zip(&prepared.specs).zip(&writes) {
+                    match write {
+                        Write::Increment => updates.push((key, false, window_ms(spec))),
+                        Write::Renew => updates.push((key, true, window_ms(spec))),
+                        Write::Insert => inserts.push((key, window_ms(spec))),
+                    }
+                }
+                let mut script = String::new();
+                if !updates.is_empty() {
+                    script.push_str(&protocol::update(&updates, now_us));
+                }
+                if !inserts.is_empty() {
+                    script.push_str(&protocol::insert(&inserts, now_us));
+                }
+                let statements = usize::from(!updates.is_empty()) + usize::from(!inserts.is_empty());
+                Ending::Commit { allowances, writes: script, statements }
             }
         };
-
-        // Update phase: at most one UPDATE and one INSERT whatever the batch size, then COMMIT,
-        // in one round trip. The writes verify their own row counts before COMMIT can run.
-        let window_ms = |spec: &CheckSpec| u64::try_from(spec.window.as_millis()).unwrap_or(u64::MAX);
-        let mut updates = Vec::new();
-        let mut inserts = Vec::new();
-        for ((key, spec), write) in prepared.keys.iter().zip(&prepared.specs).zip(&writes) {
-            match write {
-                Write::Increment => updates.push((key, false, window_ms(spec))),
-                Write::Renew => updates.push((key, true, window_ms(spec))),
-                Write::Insert => inserts.push((key, window_ms(spec))),
-            }
-        }
-        let mut script = String::new();
-        if !updates.is_empty() {
-            script.push_str(&protocol::update(&updates, now_us));
-        }
-        if !inserts.is_empty() {
-            script.push_str(&protocol::insert(&inserts, now_us));
-        }
-        let writes = usize::from(!updates.is_empty()) + usize::from(!inserts.is_empty());
-        script.push_str(protocol::COMMIT);
-        match protocol::run(connection, script, deadline).await {
-            // Every statement succeeded, COMMIT included; the writes verified their row counts.
-            Ok(_) => (Ok(Evaluated::Allowed(allowances)), true),
-            Err(error) if error.completed < writes => (Err(write_failure(error.failure, timeout)), false),
-            Err(error) => (Err(commit_failure(error, timeout)), false),
-        }
+        end(connection, deadline, self.config.operation_timeout(), ending).await
     }
 
     /// Begin, lock, preflight and (when a key has no row) reserve, then the pure decision.

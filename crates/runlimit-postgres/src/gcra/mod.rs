@@ -19,8 +19,8 @@ use crate::{
     error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError},
     gcra::decide::{GcraPlan, GcraSpec, LedgerRow, StoredTat, decide_gcra, effective_now},
     limiter::{
-        Lease, acquire, acquire_for_maintenance, check_failure, column, commit_failure,
-        maintenance_commit_failure, maintenance_failure, malformed, write_failure,
+        Ending, Lease, acquire_for_maintenance, admit_leased, check_failure, column, end,
+        maintenance_commit_failure, maintenance_failure, malformed,
     },
     migrations::run_migrator,
     protocol::{self as script, ScriptOutput},
@@ -363,12 +363,10 @@ impl<O: Observer> PostgresGcraLimiter<O> {
     }
 
     async fn admit(&self, prepared: Prepared) -> Result<Evaluated, CheckError> {
-        let connection = acquire(&self.pool, &self.config).await?;
-        let mut lease = Lease { connection, clean: false };
-        let deadline = Deadline::now() + self.config.operation_timeout();
-        let (result, clean) = self.admit_on(&mut lease.connection, deadline, &prepared).await;
-        lease.clean = clean;
-        result
+        admit_leased(&self.pool, &self.config, async |connection, deadline| {
+            self.admit_on(connection, deadline, &prepared).await
+        })
+        .await
     }
 
     /// The admission transaction. Returns the result and whether the connection finished its
@@ -379,29 +377,22 @@ impl<O: Observer> PostgresGcraLimiter<O> {
         deadline: Deadline,
         prepared: &Prepared,
     ) -> (Result<Evaluated, CheckError>, bool) {
-        let timeout = self.config.operation_timeout();
         let (plan, now_ms) = match self.evaluate(connection, deadline, prepared).await {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let (allowances, writes) = match plan {
-            GcraPlan::Allowed { allowances, writes } => (allowances, writes),
-            GcraPlan::Denied { index, denial } => {
-                let clean = script::run(connection, script::ROLLBACK.to_owned(), deadline).await.is_ok();
-                return (Ok(Evaluated::Denied { index, denial }), clean);
-            }
+        let ending = match plan {
+            GcraPlan::Denied { index, denial } => Ending::Rollback(Evaluated::Denied { index, denial }),
             GcraPlan::ShadowDenied { index, denial } => {
-                let clean = script::run(connection, script::ROLLBACK.to_owned(), deadline).await.is_ok();
-                return (Ok(Evaluated::ShadowDenied { index, denial }), clean);
+                Ending::Rollback(Evaluated::ShadowDenied { index, denial })
             }
+            GcraPlan::Allowed { allowances, writes } => Ending::Commit {
+                allowances,
+                writes: protocol::write(&prepared.keys, &writes, &prepared.shards, now_ms),
+                statements: 1,
+            },
         };
-        let mut sql = protocol::write(&prepared.keys, &writes, &prepared.shards, now_ms);
-        sql.push_str(script::COMMIT);
-        match script::run(connection, sql, deadline).await {
-            Ok(_) => (Ok(Evaluated::Allowed(allowances)), true),
-            Err(error) if error.completed < 1 => (Err(write_failure(error.failure, timeout)), false),
-            Err(error) => (Err(commit_failure(error, timeout)), false),
-        }
+        end(connection, deadline, self.config.operation_timeout(), ending).await
     }
 
     /// Begin, lock and read in one round trip, then the pure decision. Returns the plan and the
