@@ -61,49 +61,46 @@ struct Planned {
     slot: Option<u32>,
 }
 
-/// A batch's verdicts in input order and the first denial of each kind among them.
+/// A batch's verdicts in input order, with its first exhausted quota and its first check short
+/// of storage.
 #[derive(Default)]
 struct Verdicts {
     list: SmallVec<[Verdict; INLINE]>,
-    /// The first enforced denial: a quota exhausted under enforcement, or a check needing a
-    /// slot its shard lacks (a storage-capacity denial, enforced in every mode).
-    enforced: Option<(usize, Option<QuotaDenial>)>,
-    /// The first quota exhausted under shadow mode.
-    shadowed: Option<(usize, QuotaDenial)>,
+    /// The first check whose quota is exhausted.
+    exhausted: Option<(usize, QuotaDenial)>,
+    /// The first allowed check needing a slot its shard lacks.
+    short: Option<usize>,
 }
 
 /// Which denial a batch reports, before a storage denial's retry delay is known.
 enum Denied {
     Storage(usize),
     Quota(usize, QuotaDenial),
-    Shadow(usize, QuotaDenial),
 }
 
 impl Verdicts {
-    fn push(&mut self, index: usize, verdict: Verdict, mode: QuotaMode) {
+    fn push(&mut self, index: usize, verdict: Verdict) {
         if let Verdict::Exhausted(denial) = verdict {
-            match mode {
-                QuotaMode::Enforce => {
-                    self.enforced.get_or_insert((index, Some(denial)));
-                }
-                QuotaMode::Shadow => {
-                    self.shadowed.get_or_insert((index, denial));
-                }
-            }
+            self.exhausted.get_or_insert((index, denial));
         }
         self.list.push(verdict);
     }
 
     /// The check at `index` was allowed but its shard has no slot left for it.
     fn short_of_storage(&mut self, index: usize) {
-        self.enforced.get_or_insert((index, None));
+        self.short.get_or_insert(index);
     }
 
-    fn denial(&self) -> Option<Denied> {
-        match (self.enforced, self.shadowed) {
-            (Some((index, None)), _) => Some(Denied::Storage(index)),
-            (Some((index, Some(denial))), _) => Some(Denied::Quota(index, denial)),
-            (None, Some((index, denial))) => Some(Denied::Shadow(index, denial)),
+    /// The denial to report: storage denials are enforced in every mode, so under enforcement
+    /// the earliest denied check wins, and in shadow mode a storage denial wins over any
+    /// (shadow) quota denial.
+    fn denial(&self, mode: QuotaMode) -> Option<Denied> {
+        match (self.short, self.exhausted) {
+            (Some(short), Some((index, denial))) if mode == QuotaMode::Enforce && index < short => {
+                Some(Denied::Quota(index, denial))
+            }
+            (Some(short), _) => Some(Denied::Storage(short)),
+            (None, Some((index, denial))) => Some(Denied::Quota(index, denial)),
             (None, None) => None,
         }
     }
@@ -115,25 +112,6 @@ impl Verdicts {
             Verdict::Exhausted(_) => None,
         }))
         .map(|decision| (decision, None))
-    }
-}
-
-impl Denied {
-    /// The decision for a quota or shadow denial (storage denials need their shards).
-    fn decide(self, batch_size: usize) -> Result<(BatchDecision, Option<usize>), BatchDecisionError> {
-        match self {
-            Self::Storage(index) => {
-                BatchDecision::denied(index, batch_size, Denial::StorageCapacity { retry_after: None })
-                    .map(|d| (d, Some(index)))
-            }
-            Self::Quota(index, denial) => {
-                BatchDecision::denied(index, batch_size, Denial::QuotaExceeded(denial))
-                    .map(|d| (d, Some(index)))
-            }
-            Self::Shadow(index, denial) => {
-                BatchDecision::shadow_denied(index, batch_size, denial).map(|d| (d, Some(index)))
-            }
-        }
     }
 }
 
@@ -364,16 +342,18 @@ impl Engine {
                     verdicts.short_of_storage(index);
                 }
             }
-            verdicts.push(index, verdict, mode);
+            verdicts.push(index, verdict);
         }
 
-        let decision = match verdicts.denial() {
+        let decision = match verdicts.denial(mode) {
             Some(Denied::Storage(index)) => {
                 let earliest = shard.earliest_expiry(&mut budget);
                 BatchDecision::denied(index, batch_size, storage_denial(earliest, now))
                     .map(|d| (d, Some(index)))
             }
-            Some(denied) => denied.decide(batch_size),
+            Some(Denied::Quota(index, denial)) => {
+                BatchDecision::quota_exceeded(index, batch_size, denial, mode).map(|d| (d, Some(index)))
+            }
             None => {
                 for (verdict, &(key, hash, slot)) in verdicts.list.iter().zip(&found) {
                     if let Verdict::Allowed { next, .. } = *verdict {
@@ -465,10 +445,10 @@ impl Engine {
                     verdicts.short_of_storage(index);
                 }
             }
-            verdicts.push(index, verdict, mode);
+            verdicts.push(index, verdict);
         }
 
-        let decision = match verdicts.denial() {
+        let decision = match verdicts.denial(mode) {
             Some(Denied::Storage(index)) => {
                 // The batch may fit once every short shard has room: the latest of their
                 // earliest expiries (a lower bound when a shard lacks more than one slot).
@@ -482,7 +462,9 @@ impl Engine {
                 BatchDecision::denied(index, batch_size, storage_denial(latest, now))
                     .map(|d| (d, Some(index)))
             }
-            Some(denied) => denied.decide(batch_size),
+            Some(Denied::Quota(index, denial)) => {
+                BatchDecision::quota_exceeded(index, batch_size, denial, mode).map(|d| (d, Some(index)))
+            }
             None => {
                 for (plan, verdict) in planned.iter().zip(&verdicts.list) {
                     if let Verdict::Allowed { next, .. } = *verdict {
