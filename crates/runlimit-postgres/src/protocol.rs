@@ -103,6 +103,12 @@ pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
 /// one row per stored key, or one row with a null ordinal when none is stored, each carrying the
 /// clock sample.
 pub(crate) fn preflight(keys: &[[u8; 64]]) -> String {
+    PREFLIGHT_SQL.replace("{keys}", &ordinal_keys(keys))
+}
+
+/// `(1, key₁), (2, key₂), ..`: the rows of a `VALUES` list of `(ordinal, counter_key)`, keys
+/// rendered with [`push_bytea`].
+pub(crate) fn ordinal_keys(keys: &[[u8; 64]]) -> String {
     let mut values = String::with_capacity(keys.len() * 160);
     for (index, key) in keys.iter().enumerate() {
         if index > 0 {
@@ -114,7 +120,7 @@ pub(crate) fn preflight(keys: &[[u8; 64]]) -> String {
         push_bytea(&mut values, key);
         values.push(')');
     }
-    PREFLIGHT_SQL.replace("{keys}", &values)
+    values
 }
 
 /// Locks and reads the capacity ledger rows of `shards` (ascending order), then samples the

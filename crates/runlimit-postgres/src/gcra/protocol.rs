@@ -27,7 +27,10 @@
 //!
 //! Values are rendered only as integers and hexadecimal digits, as in [`crate::protocol`].
 
-use crate::{gcra::decide::GcraWrite, protocol::push_bytea};
+use crate::{
+    gcra::decide::GcraWrite,
+    protocol::{ordinal_keys, push_bytea},
+};
 
 const LOCK_SQL: &str = include_str!("../sql/gcra_lock.sql");
 const READ_SQL: &str = include_str!("../sql/gcra_read.sql");
@@ -50,18 +53,7 @@ pub(crate) fn lock(shards: &[i16]) -> String {
 /// row per stored key, or one row with a null ordinal when none is stored, each carrying
 /// `now_ms`.
 pub(crate) fn read(keys: &[[u8; 64]]) -> String {
-    let mut values = String::with_capacity(keys.len() * 160);
-    for (index, key) in keys.iter().enumerate() {
-        if index > 0 {
-            values.push_str(", ");
-        }
-        values.push('(');
-        values.push_str(&(index + 1).to_string());
-        values.push_str(", ");
-        push_bytea(&mut values, key);
-        values.push(')');
-    }
-    READ_SQL.replace("{keys}", &values)
+    READ_SQL.replace("{keys}", &ordinal_keys(keys))
 }
 
 fn rows<'a>(rows: impl Iterator<Item = (&'a [u8; 64], &'a GcraWrite)>) -> (String, usize) {
