@@ -79,6 +79,7 @@ enum Denied {
 }
 
 impl Verdicts {
+    #[inline]
     fn push(&mut self, index: usize, verdict: Verdict) {
         if let Verdict::Exhausted(denial) = verdict {
             self.exhausted.get_or_insert((index, denial));
@@ -87,6 +88,7 @@ impl Verdicts {
     }
 
     /// The check at `index` was allowed but its shard has no slot left for it.
+    #[inline]
     fn short_of_storage(&mut self, index: usize) {
         self.short.get_or_insert(index);
     }
@@ -94,6 +96,7 @@ impl Verdicts {
     /// The denial to report: storage denials are enforced in every mode, so under enforcement
     /// the earliest denied check wins, and in shadow mode a storage denial wins over any
     /// (shadow) quota denial.
+    #[inline]
     fn denial(&self, mode: QuotaMode) -> Option<Denied> {
         match (self.short, self.exhausted) {
             (Some(short), Some((index, denial))) if mode == QuotaMode::Enforce && index < short => {
@@ -106,6 +109,7 @@ impl Verdicts {
     }
 
     /// The allowed decision (every verdict allowed).
+    #[inline]
     fn allowed(&self) -> Result<(BatchDecision, Option<usize>), BatchDecisionError> {
         BatchDecision::allowed_from_iter(self.list.iter().filter_map(|verdict| match *verdict {
             Verdict::Allowed { allowance, .. } => Some(allowance),

@@ -95,6 +95,11 @@ pub(crate) struct Shard {
     slots: Vec<Slot>,
     free: Vec<u32>,
     index: BinaryHeap<Reverse<Expiry>>,
+    /// The bound at the top of `index` (the smallest), or `u64::MAX` when it is empty. Kept in
+    /// step with every change to `index`, so an operation finds that nothing is due for cleanup
+    /// from the shard itself, without reading the heap's buffer (one cache miss fewer per
+    /// shard per check on a store much larger than the CPU caches).
+    earliest_bound: u64,
     capacity: usize,
     /// The latest clock reading an operation on this shard has used (backwards-clock clamp).
     watermark: u64,
@@ -115,6 +120,7 @@ impl Shard {
             slots: Vec::new(),
             free: Vec::new(),
             index: BinaryHeap::new(),
+            earliest_bound: u64::MAX,
             capacity,
             watermark: 0,
         }
@@ -201,11 +207,27 @@ impl Shard {
             self.index.reserve_exact(additional);
         }
         self.index.push(Reverse(Expiry { at: entry.expires_at, slot }));
+        self.earliest_bound = self.earliest_bound.min(entry.expires_at);
     }
 
     /// Removes expired entries whose index bound has passed, within `budget`. Returns the
     /// number removed.
     pub(crate) fn remove_expired(&mut self, now: u64, budget: &mut Budget) -> usize {
+        debug_assert_eq!(self.earliest_bound, self.top_bound(), "the cached bound tracks the index");
+        if !is_expired(self.earliest_bound, now) {
+            return 0;
+        }
+        let removed = self.remove_expired_from_index(now, budget);
+        self.earliest_bound = self.top_bound();
+        removed
+    }
+
+    /// The bound at the top of the index, or `u64::MAX` when it is empty.
+    fn top_bound(&self) -> u64 {
+        self.index.peek().map_or(u64::MAX, |Reverse(expiry)| expiry.at)
+    }
+
+    fn remove_expired_from_index(&mut self, now: u64, budget: &mut Budget) -> usize {
         let mut removed = 0;
         loop {
             let Some(mut top) = self.index.peek_mut() else { break };
@@ -245,6 +267,12 @@ impl Shard {
     /// The exact earliest expiry among stored entries, refreshing stale index positions within
     /// `budget`; `None` when the shard is empty or the budget runs out first.
     pub(crate) fn earliest_expiry(&mut self, budget: &mut Budget) -> Option<u64> {
+        let earliest = self.refresh_top(budget);
+        self.earliest_bound = self.top_bound();
+        earliest
+    }
+
+    fn refresh_top(&mut self, budget: &mut Budget) -> Option<u64> {
         loop {
             let mut top = self.index.peek_mut()?;
             let Reverse(Expiry { at, slot }) = *top;
