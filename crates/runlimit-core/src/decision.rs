@@ -380,7 +380,8 @@ impl BatchDecision {
     pub fn allowed_from_iter(
         allowances: impl IntoIterator<Item = Allowance>,
     ) -> Result<Self, BatchDecisionError> {
-        let mut allowances = allowances.into_iter();
+        // Fused: nothing is read past the first `None`, as with `collect`.
+        let mut allowances = allowances.into_iter().fuse();
         let list = match (allowances.next(), allowances.next(), allowances.next()) {
             (None, _, _) => return Err(BatchDecisionError::NoAllowances),
             (Some(first), None, _) => AllowedList::One(first),
