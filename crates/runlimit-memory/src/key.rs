@@ -62,6 +62,9 @@ fn word(bytes: &[u8; 32], index: usize) -> u64 {
 }
 
 impl StoredKey {
+    /// All zeros: a placeholder for scratch arrays, overwritten before use.
+    pub(crate) const ZERO: Self = Self([0; 4]);
+
     #[inline]
     pub(crate) fn of<P: RateLimitPolicy>(check: &Check<'_, P>) -> Self {
         let fingerprint = check.policy().fingerprint().as_bytes();

@@ -212,11 +212,18 @@ impl Shard {
 
     /// Removes expired entries whose index bound has passed, within `budget`. Returns the
     /// number removed.
+    #[inline]
     pub(crate) fn remove_expired(&mut self, now: u64, budget: &mut Budget) -> usize {
         debug_assert_eq!(self.earliest_bound, self.top_bound(), "the cached bound tracks the index");
         if !is_expired(self.earliest_bound, now) {
             return 0;
         }
+        self.remove_expired_slow(now, budget)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_expired_slow(&mut self, now: u64, budget: &mut Budget) -> usize {
         let removed = self.remove_expired_from_index(now, budget);
         self.earliest_bound = self.top_bound();
         removed

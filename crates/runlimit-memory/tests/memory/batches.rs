@@ -177,11 +177,23 @@ fn gcra_batches_commit_together() {
     );
 }
 
-/// The shard subject `n` of `policy` lands on, found through the stats of a scratch store.
-fn shard_of(policy: &runlimit_core::FixedWindowPolicy, n: u64) -> usize {
-    let (scratch, _clock) = store(MemoryStoreConfig::new(8).unwrap().with_shard_count(2).unwrap());
+/// The shard subject `n` of `policy` lands on in a store of `shards` shards, found through
+/// the stats of a scratch store.
+fn shard_of(policy: &runlimit_core::FixedWindowPolicy, n: u64, shards: usize) -> usize {
+    let (scratch, _clock) = store(MemoryStoreConfig::new(8).unwrap().with_shard_count(shards).unwrap());
     scratch.check(&Check::new(subject(policy, n))).unwrap();
     scratch.stats().shards.iter().position(|shard| shard.entries == 1).unwrap()
+}
+
+/// The first `count` subjects of `policy` on each of `shards` shards.
+fn subjects_per_shard(
+    policy: &runlimit_core::FixedWindowPolicy,
+    shards: usize,
+    count: usize,
+) -> Vec<Vec<u64>> {
+    (0..shards)
+        .map(|shard| (0..).filter(|&n| shard_of(policy, n, shards) == shard).take(count).collect())
+        .collect()
 }
 
 #[test]
@@ -190,9 +202,8 @@ fn batches_on_one_shard_and_across_shards_follow_the_same_rules() {
     // shard a check lands on is fixed by its key; pick subjects per shard.
     let (store, clock) = store(MemoryStoreConfig::new(4).unwrap().with_shard_count(2).unwrap());
     let policy = fixed("p", 2, 1_000);
-    let on =
-        |shard: usize| -> Vec<u64> { (0..).filter(|&n| shard_of(&policy, n) == shard).take(3).collect() };
-    let (zero, one) = (on(0), on(1));
+    let per_shard = subjects_per_shard(&policy, 2, 3);
+    let (zero, one) = (&per_shard[0], &per_shard[1]);
     let check = |n: u64| Check::new(subject(&policy, n));
 
     // Across both shards, allowed: every check consumed, in input order.
@@ -234,4 +245,70 @@ fn batches_on_one_shard_and_across_shards_follow_the_same_rules() {
     );
     assert_eq!(allowed(&store.check(&check(one[1])).unwrap()), (0, 900), "one[1] was not consumed");
     assert_eq!(allowed(&store.check(&check(zero[1])).unwrap()), (0, 900), "zero[1] was not consumed");
+}
+
+/// Batches of more than four checks, or touching three or more shards, take the store's
+/// grouped batch path (smaller batches on at most two shards have one of their own): the same
+/// rules, with exact values.
+#[test]
+fn batches_on_three_shards_and_large_batches_follow_the_same_rules() {
+    // Three shards of two slots each.
+    let (store, clock) = store(MemoryStoreConfig::new(6).unwrap().with_shard_count(3).unwrap());
+    let policy = fixed("p", 2, 1_000);
+    let on = subjects_per_shard(&policy, 3, 3);
+    let check = |shard: usize, k: usize| Check::new(subject(&policy, on[shard][k]));
+
+    // Shard 0 fills at 0 ms (expiring at 1,000 ms), shard 2 at 100 ms (at 1,100 ms).
+    let batch = [check(0, 0), check(0, 1), check(1, 0)];
+    assert_eq!(batch_allowed(&store.check_all(&batch).unwrap()), [(1, 1_000); 3]);
+    clock.advance_millis(100);
+    // Three shards: allowed, in input order.
+    let batch = [check(2, 0), check(1, 0), check(2, 1)];
+    assert_eq!(batch_allowed(&store.check_all(&batch).unwrap()), [(1, 1_000), (0, 900), (1, 1_000)]);
+
+    // New keys on full shards 0 and 2: denied at the first one, retrying once both have room
+    // (the later of 1,000 and 1,100 ms); the allowed check on shard 1 is not consumed.
+    clock.advance_millis(100);
+    let batch = [check(1, 1), check(0, 2), check(2, 2)];
+    assert_eq!(
+        batch_denied(&store.check_all(&batch).unwrap()),
+        (1, 3, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(900)) })
+    );
+    assert_eq!(store.stats().shards[1].entries, 1, "check(1, 1) was not stored");
+
+    // Five checks on three shards: a quota denial at index 3 vetoes every other check.
+    let batch = [check(1, 1), check(0, 0), check(2, 0), check(1, 0), check(0, 1)];
+    let quota = QuotaDenial::new(policy.limit(), Delay::from_millis(800));
+    assert_eq!(batch_denied(&store.check_all(&batch).unwrap()), (3, 5, Denial::QuotaExceeded(quota)));
+    assert_eq!(allowed(&store.check(&check(0, 0)).unwrap()), (0, 800), "check(0, 0) was not consumed");
+
+    // Five checks on one shard (one shard of 6 slots): allowed, in input order.
+    let one_shard = MemoryStore::new(MemoryStoreConfig::new(6).unwrap());
+    let batch: Vec<_> = (0..5).map(|n| Check::new(subject(&policy, n))).collect();
+    assert_eq!(batch_allowed(&one_shard.check_all(&batch).unwrap()), [(1, 1_000); 5]);
+}
+
+/// A batch larger than a shard's capacity is rejected before any lock, naming the
+/// lowest-numbered shard that cannot hold its share, on both batch paths.
+#[test]
+fn batches_exceeding_a_shard_name_the_lowest_such_shard() {
+    // Three shards of one slot each.
+    let (store, _clock) = store(MemoryStoreConfig::new(3).unwrap().with_shard_count(3).unwrap());
+    let policy = fixed("p", 2, 1_000);
+    let on = subjects_per_shard(&policy, 3, 3);
+    let check = |shard: usize, k: usize| Check::new(subject(&policy, on[shard][k]));
+    let exceeds = |shard_index, key_count| MemoryBatchError::BatchExceedsShardCapacity {
+        shard_index,
+        key_count,
+        capacity: 1,
+    };
+    // Two shards, shard 1 first in input order: shard 0 is named.
+    let batch = [check(1, 0), check(1, 1), check(0, 0), check(0, 1)];
+    assert_eq!(store.check_all(&batch).unwrap_err(), exceeds(0, 2));
+    let batch = [check(1, 0), check(1, 1), check(1, 2), check(0, 0)];
+    assert_eq!(store.check_all(&batch).unwrap_err(), exceeds(1, 3));
+    // Three shards (the grouped path).
+    let batch = [check(2, 0), check(2, 1), check(0, 0), check(1, 0), check(1, 1)];
+    assert_eq!(store.check_all(&batch).unwrap_err(), exceeds(1, 2));
+    assert_eq!(store.stats().entries(), 0, "nothing was stored");
 }
