@@ -206,8 +206,8 @@ struct Padded(Mutex<Shard>);
 #[derive(Debug)]
 pub(crate) struct Report<D> {
     pub(crate) decision: D,
-    /// Headroom of the touched shard (the one with the least headroom, for a batch); only
-    /// computed for batches when an observer will read it.
+    /// Headroom of the touched shard (the one with the least headroom, for a batch; the grouped
+    /// batch path computes it only when an observer will read it).
     pub(crate) headroom: ShardHeadroom,
     /// The input index the outcome singles out (a denied check), for batches.
     pub(crate) singled_out: Option<usize>,
@@ -617,6 +617,19 @@ impl Engine {
         };
         drop(locked);
         report(decision, headroom, cleanup)
+    }
+
+    /// Test support: a batch through the grouped path whatever its shape, so tests can
+    /// compare it with [`check_small`](Self::check_small) on the same operations.
+    #[cfg(test)]
+    pub(crate) fn check_all_grouped<A: Algorithm>(
+        &self,
+        checks: &[Check<'_, A::Policy>],
+        clock_now: u64,
+        timed: bool,
+    ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
+        let mode = validate_batch(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
     }
 
     /// Empties every poisoned shard and clears its poison; returns how many were recovered.

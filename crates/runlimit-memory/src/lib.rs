@@ -163,6 +163,8 @@ mod stats;
 mod store;
 
 #[cfg(test)]
+mod batch_paths;
+#[cfg(test)]
 mod tests;
 
 /// The workspace README's Rust examples, compiled and run as doctests so the README stays true.
