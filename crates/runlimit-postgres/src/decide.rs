@@ -56,15 +56,34 @@ pub(crate) enum Write {
     Insert,
 }
 
-/// The outcome of a batch decision.
+/// The outcome of a batch decision, for both limiters: `W` is what one allowed check writes
+/// (fixed window: [`Write`]; GCRA: `GcraWrite`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Plan {
+pub(crate) enum Plan<W> {
     /// Every check allowed; `writes[i]` is what check `i` writes.
-    Allowed { allowances: Vec<Allowance>, writes: Vec<Write> },
+    Allowed { allowances: Vec<Allowance>, writes: Vec<W> },
     /// Enforced denial at `index`; nothing is written.
     Denied { index: usize, denial: Denial },
     /// Shadow quota denial at `index`; nothing is written.
     ShadowDenied { index: usize, denial: QuotaDenial },
+}
+
+impl<W> Plan<W> {
+    /// The plan of a batch from its first enforced denial and its first shadow denial (input
+    /// indexes): the enforced one wins, then the shadow one; with neither, every check is
+    /// allowed with `allowances` and `writes`.
+    pub(crate) fn of(
+        first_enforced: Option<(usize, Denial)>,
+        first_shadow: Option<(usize, QuotaDenial)>,
+        allowances: Vec<Allowance>,
+        writes: Vec<W>,
+    ) -> Self {
+        match (first_enforced, first_shadow) {
+            (Some((index, denial)), _) => Self::Denied { index, denial },
+            (None, Some((index, denial))) => Self::ShadowDenied { index, denial },
+            (None, None) => Self::Allowed { allowances, writes },
+        }
+    }
 }
 
 fn micros(duration_us: i64) -> Delay {
@@ -93,7 +112,7 @@ pub(crate) fn decide(
     ledger: &[Option<i64>; 256],
     maximum_rows_per_shard: u32,
     mode: QuotaMode,
-) -> Result<Plan, &'static str> {
+) -> Result<Plan<Write>, &'static str> {
     if specs.len() != stored.len() {
         return Err("counter rows do not match the checks");
     }
@@ -149,11 +168,7 @@ pub(crate) fn decide(
             }
         }
     }
-    Ok(match (first_enforced, first_shadow) {
-        (Some((index, denial)), _) => Plan::Denied { index, denial },
-        (None, Some((index, denial))) => Plan::ShadowDenied { index, denial },
-        (None, None) => Plan::Allowed { allowances, writes },
-    })
+    Ok(Plan::of(first_enforced, first_shadow, allowances, writes))
 }
 
 #[cfg(test)]

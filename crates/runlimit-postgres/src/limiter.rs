@@ -323,6 +323,18 @@ pub(crate) enum Ending {
     Rollback(Evaluated),
 }
 
+impl Ending {
+    /// How `plan` ends: `ROLLBACK` for a denial, else the writes `commit` renders from the
+    /// allowances and each check's write.
+    pub(crate) fn of<W>(plan: Plan<W>, commit: impl FnOnce(Vec<Allowance>, Vec<W>) -> Self) -> Self {
+        match plan {
+            Plan::Denied { index, denial } => Self::Rollback(Evaluated::Denied { index, denial }),
+            Plan::ShadowDenied { index, denial } => Self::Rollback(Evaluated::ShadowDenied { index, denial }),
+            Plan::Allowed { allowances, writes } => commit(allowances, writes),
+        }
+    }
+}
+
 /// Runs one admission transaction, shared by the fixed-window and GCRA limiters: acquires a
 /// pooled connection within the pool acquisition timeout, gives `transaction` a fresh
 /// operation deadline, and returns the connection to the pool only if `transaction` reports
@@ -520,35 +532,29 @@ impl<O: Observer> PostgresLimiter<O> {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let ending = match plan {
-            Plan::Denied { index, denial } => Ending::Rollback(Evaluated::Denied { index, denial }),
-            Plan::ShadowDenied { index, denial } => {
-                Ending::Rollback(Evaluated::ShadowDenied { index, denial })
+        let ending = Ending::of(plan, |allowances, writes| {
+            // Update phase: at most one UPDATE and one INSERT whatever the batch size, then COMMIT,
+            // in one round trip. The writes verify their own row counts before COMMIT can run.
+            let window_ms = |spec: &CheckSpec| u64::try_from(spec.window.as_millis()).unwrap_or(u64::MAX);
+            let mut updates = Vec::new();
+            let mut inserts = Vec::new();
+            for ((key, spec), write) in prepared.keys.iter().zip(&prepared.specs).zip(&writes) {
+                match write {
+                    Write::Increment => updates.push((key, false, window_ms(spec))),
+                    Write::Renew => updates.push((key, true, window_ms(spec))),
+                    Write::Insert => inserts.push((key, window_ms(spec))),
+                }
             }
-            Plan::Allowed { allowances, writes } => {
-                // Update phase: at most one UPDATE and one INSERT whatever the batch size, then COMMIT,
-                // in one round trip. The writes verify their own row counts before COMMIT can run.
-                let window_ms = |spec: &CheckSpec| u64::try_from(spec.window.as_millis()).unwrap_or(u64::MAX);
-                let mut updates = Vec::new();
-                let mut inserts = Vec::new();
-                for ((key, spec), write) in prepared.keys.iter().zip(&prepared.specs).zip(&writes) {
-                    match write {
-                        Write::Increment => updates.push((key, false, window_ms(spec))),
-                        Write::Renew => updates.push((key, true, window_ms(spec))),
-                        Write::Insert => inserts.push((key, window_ms(spec))),
-                    }
-                }
-                let mut script = String::new();
-                if !updates.is_empty() {
-                    script.push_str(&protocol::update(&updates, now_us));
-                }
-                if !inserts.is_empty() {
-                    script.push_str(&protocol::insert(&inserts, now_us));
-                }
-                let statements = usize::from(!updates.is_empty()) + usize::from(!inserts.is_empty());
-                Ending::Commit { allowances, writes: script, statements }
+            let mut script = String::new();
+            if !updates.is_empty() {
+                script.push_str(&protocol::update(&updates, now_us));
             }
-        };
+            if !inserts.is_empty() {
+                script.push_str(&protocol::insert(&inserts, now_us));
+            }
+            let statements = usize::from(!updates.is_empty()) + usize::from(!inserts.is_empty());
+            Ending::Commit { allowances, writes: script, statements }
+        });
         end(connection, deadline, self.config.operation_timeout(), ending).await
     }
 
@@ -559,7 +565,7 @@ impl<O: Observer> PostgresLimiter<O> {
         connection: &mut PgConnection,
         deadline: Deadline,
         prepared: &Prepared,
-    ) -> Result<(Plan, i64), CheckError> {
+    ) -> Result<(Plan<Write>, i64), CheckError> {
         let config = &self.config;
         let timeout = config.operation_timeout();
         let mut lock_ids: Vec<i64> = prepared.keys.iter().map(lock_id).collect();

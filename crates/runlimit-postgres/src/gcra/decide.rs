@@ -5,9 +5,11 @@
 //! evaluator `runlimit_memory::GcraStore` uses.
 
 use runlimit_core::{
-    Allowance, Denial, QuotaDenial, QuotaMode,
+    Denial, QuotaDenial, QuotaMode,
     gcra::{self, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
 };
+
+use crate::decide::Plan;
 
 /// One check, reduced to what the decision needs.
 #[derive(Clone, Copy, Debug)]
@@ -38,17 +40,6 @@ pub(crate) struct GcraWrite {
     pub(crate) tat: StoredTat,
     /// ⌈tat / Q⌉: the first millisecond at which the row may be deleted.
     pub(crate) expires_at_ms: i64,
-}
-
-/// The outcome of a batch decision.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum GcraPlan {
-    /// Every check allowed; `writes[i]` is what check `i` writes.
-    Allowed { allowances: Vec<Allowance>, writes: Vec<GcraWrite> },
-    /// Enforced denial at `index`; nothing is written.
-    Denied { index: usize, denial: Denial },
-    /// Shadow quota denial at `index`; nothing is written.
-    ShadowDenied { index: usize, denial: QuotaDenial },
 }
 
 /// The evaluation time: the clock sample clamped to the latest committed watermark of the
@@ -110,7 +101,7 @@ pub(crate) fn decide_gcra(
     ledger: &[Option<LedgerRow>; 256],
     maximum_rows_per_shard: u32,
     mode: QuotaMode,
-) -> Result<GcraPlan, &'static str> {
+) -> Result<Plan<GcraWrite>, &'static str> {
     if specs.len() != stored.len() {
         return Err("stored rows do not match the checks");
     }
@@ -155,18 +146,14 @@ pub(crate) fn decide_gcra(
             }
         }
     }
-    Ok(match (first_enforced, first_shadow) {
-        (Some((index, denial)), _) => GcraPlan::Denied { index, denial },
-        (None, Some((index, denial))) => GcraPlan::ShadowDenied { index, denial },
-        (None, None) => GcraPlan::Allowed { allowances, writes },
-    })
+    Ok(Plan::of(first_enforced, first_shadow, allowances, writes))
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use runlimit_core::{Capacity, Delay, QuotaPeriod};
+    use runlimit_core::{Allowance, Capacity, Delay, QuotaPeriod};
 
     use super::*;
 
@@ -207,12 +194,12 @@ mod tests {
         let first = decide_gcra(&specs, &[None], 0, &rows, 10, QuotaMode::Enforce).unwrap();
         let write =
             GcraWrite { insert: true, tat: StoredTat { tat_ms: 333, tat_remainder: 1 }, expires_at_ms: 334 };
-        assert_eq!(first, GcraPlan::Allowed { allowances: vec![allowance(2, 1, 334)], writes: vec![write] });
+        assert_eq!(first, Plan::Allowed { allowances: vec![allowance(2, 1, 334)], writes: vec![write] });
         let second = decide_gcra(&specs, &[Some(write.tat)], 0, &rows, 10, QuotaMode::Enforce).unwrap();
         let tat = StoredTat { tat_ms: 666, tat_remainder: 2 };
         assert_eq!(
             second,
-            GcraPlan::Allowed {
+            Plan::Allowed {
                 allowances: vec![allowance(2, 0, 667)],
                 writes: vec![GcraWrite { insert: false, tat, expires_at_ms: 667 }],
             }
@@ -220,7 +207,7 @@ mod tests {
         let denied = decide_gcra(&specs, &[Some(tat)], 333, &rows, 10, QuotaMode::Enforce).unwrap();
         assert_eq!(
             denied,
-            GcraPlan::Denied {
+            Plan::Denied {
                 index: 0,
                 denial: Denial::QuotaExceeded(QuotaDenial::new(
                     Capacity::new(2).unwrap(),
@@ -230,7 +217,7 @@ mod tests {
         );
         // An expired row is reused by its key: updated, not inserted.
         let rested = decide_gcra(&specs, &[Some(tat)], 5_000, &rows, 1, QuotaMode::Enforce).unwrap();
-        let GcraPlan::Allowed { writes, .. } = rested else { panic!("{rested:?}") };
+        let Plan::Allowed { writes, .. } = rested else { panic!("{rested:?}") };
         assert!(!writes[0].insert);
     }
 
@@ -243,21 +230,21 @@ mod tests {
         let full = ledger(&[(1, 1), (5, 4)]);
         assert_eq!(
             decide_gcra(&specs, &[exhausted, None], 1_000, &room, 4, QuotaMode::Shadow).unwrap(),
-            GcraPlan::ShadowDenied { index: 0, denial: quota }
+            Plan::ShadowDenied { index: 0, denial: quota }
         );
         assert_eq!(
             decide_gcra(&specs, &[exhausted, None], 1_000, &full, 4, QuotaMode::Shadow).unwrap(),
-            GcraPlan::Denied { index: 1, denial: Denial::StorageCapacity { retry_after: None } }
+            Plan::Denied { index: 1, denial: Denial::StorageCapacity { retry_after: None } }
         );
         assert_eq!(
             decide_gcra(&specs, &[exhausted, None], 1_000, &full, 4, QuotaMode::Enforce).unwrap(),
-            GcraPlan::Denied { index: 0, denial: Denial::QuotaExceeded(quota) }
+            Plan::Denied { index: 0, denial: Denial::QuotaExceeded(quota) }
         );
         // New keys of one batch count against the same shard.
         let same = [spec(1, 1_000, 1, 9), spec(2, 1_000, 1, 9)];
         assert_eq!(
             decide_gcra(&same, &[None, None], 0, &ledger(&[(9, 2)]), 3, QuotaMode::Enforce).unwrap(),
-            GcraPlan::Denied { index: 1, denial: Denial::StorageCapacity { retry_after: None } }
+            Plan::Denied { index: 1, denial: Denial::StorageCapacity { retry_after: None } }
         );
     }
 

@@ -16,8 +16,9 @@ use tokio::time::Instant as Deadline;
 use crate::{
     admission::{Evaluated, finish_batch, finish_check, finish_cleanup, validate},
     config::PostgresConfig,
+    decide::Plan,
     error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError},
-    gcra::decide::{GcraPlan, GcraSpec, LedgerRow, StoredTat, decide_gcra, effective_now},
+    gcra::decide::{GcraSpec, GcraWrite, LedgerRow, StoredTat, decide_gcra, effective_now},
     limiter::{
         Ending, Lease, acquire_for_maintenance, admit_leased, check_failure, column, end,
         maintenance_commit_failure, maintenance_failure, malformed,
@@ -381,17 +382,11 @@ impl<O: Observer> PostgresGcraLimiter<O> {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let ending = match plan {
-            GcraPlan::Denied { index, denial } => Ending::Rollback(Evaluated::Denied { index, denial }),
-            GcraPlan::ShadowDenied { index, denial } => {
-                Ending::Rollback(Evaluated::ShadowDenied { index, denial })
-            }
-            GcraPlan::Allowed { allowances, writes } => Ending::Commit {
-                allowances,
-                writes: protocol::write(&prepared.keys, &writes, &prepared.shards, now_ms),
-                statements: 1,
-            },
-        };
+        let ending = Ending::of(plan, |allowances, writes| Ending::Commit {
+            allowances,
+            writes: protocol::write(&prepared.keys, &writes, &prepared.shards, now_ms),
+            statements: 1,
+        });
         end(connection, deadline, self.config.operation_timeout(), ending).await
     }
 
@@ -402,7 +397,7 @@ impl<O: Observer> PostgresGcraLimiter<O> {
         connection: &mut PgConnection,
         deadline: Deadline,
         prepared: &Prepared,
-    ) -> Result<(GcraPlan, u64), CheckError> {
+    ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
         let config = &self.config;
         let mut sql = script::begin().to_owned();
         sql.push_str(&script::settings(config.server_timeout_millis()));
