@@ -258,7 +258,8 @@ pub enum AttemptCompletionResult {
 /// Receives attempt observations from an attempt limiter.
 ///
 /// Callbacks run synchronously after memory locks are released or database transactions are
-/// finalized. Backends call them through [`notify_attempt`], which catches panics, so
+/// finalized. Backends call them through
+/// [`backend::notify_attempt`](crate::backend::notify_attempt), which catches panics, so
 /// telemetry can never change an attempt result. `()` is the no-op observer.
 pub trait AttemptObserver: Send + Sync {
     /// Called once per admission or completion.
@@ -285,15 +286,6 @@ impl<O: AttemptObserver + ?Sized> AttemptObserver for &O {
     fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
         (**self).observe_attempt(observation);
     }
-}
-
-/// Delivers `observation` to `observer`, catching a panic. Returns `false` when the observer
-/// panicked.
-pub fn notify_attempt<O: AttemptObserver + ?Sized>(
-    observer: &O,
-    observation: &AttemptObservation<'_>,
-) -> bool {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.observe_attempt(observation))).is_ok()
 }
 
 /// Which attempt operation an observation describes. Exhaustive.
@@ -462,8 +454,8 @@ mod tests {
             AttemptEvent::Completed(AttemptOutcome::Abandoned),
             Duration::ZERO,
         );
-        assert!(!notify_attempt(&Panics, &observation));
-        assert!(notify_attempt(&(), &observation));
+        assert!(!crate::backend::notify_attempt(&Panics, &observation));
+        assert!(crate::backend::notify_attempt(&(), &observation));
         assert_eq!(observation.event(), AttemptEvent::Completed(AttemptOutcome::Abandoned));
     }
 

@@ -48,6 +48,14 @@ impl Allowance {
         Ok(Self { capacity, available, replenishes_after })
     }
 
+    /// An allowance whose `available ≤ capacity` the caller (a rule of this crate) has
+    /// established.
+    #[inline]
+    pub(crate) const fn exact(capacity: Capacity, available: u64, replenishes_after: Delay) -> Self {
+        debug_assert!(available <= capacity.get());
+        Self { capacity, available, replenishes_after }
+    }
+
     /// The policy's capacity (fixed-window limit or GCRA burst capacity).
     #[must_use]
     pub fn capacity(&self) -> Capacity {
@@ -369,15 +377,9 @@ impl BatchDecision {
         Ok(Self { inner: BatchOutcome::Allowed(AllowedList::Many(allowances)) })
     }
 
-    /// An allowed batch from its allowances in input order, one per check. Equal to
-    /// [`allowed`](Self::allowed) of the same allowances collected into a `Vec`, but one or
-    /// two allowances are stored inline, without a heap allocation (a backend's hot path).
-    ///
-    /// # Errors
-    ///
-    /// [`BatchDecisionError::NoAllowances`] when the iterator yields nothing.
+    /// See [`backend::batch::allowed`](crate::backend::batch::allowed).
     #[inline]
-    pub fn allowed_from_iter(
+    pub(crate) fn allowed_from_iter(
         allowances: impl IntoIterator<Item = Allowance>,
     ) -> Result<Self, BatchDecisionError> {
         // Fused: nothing is read past the first `None`, as with `collect`.

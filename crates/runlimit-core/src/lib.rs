@@ -11,11 +11,14 @@
 //! - outcomes: [`Decision`] / [`DecisionView`] / [`Denial`] / [`Admitted`] for one check,
 //!   [`BatchDecision`] / [`BatchDecisionView`] for an atomic batch, with durations as
 //!   [`Delay`]s;
-//! - the static-dispatch async [`Limiter`] trait, the [`Observer`] seam, the exact
-//!   [`gcra`] evaluator and [`attempts::AttemptPolicy`].
+//! - the static-dispatch async [`Limiter`] trait, the [`Observer`] seam and
+//!   [`attempts::AttemptPolicy`].
 //!
 //! Backends live in `runlimit-memory` (process-local, hard-bounded) and `runlimit-postgres`
-//! (shared across replicas).
+//! (shared across replicas). The rules they apply (the fixed-window rule, the exact GCRA
+//! evaluator, batch precedence, the attempt state machine) are written once, in the
+//! [`backend`] module, which is all a storage backend needs beyond this root and all an
+//! application can ignore.
 //!
 //! # Example
 //!
@@ -64,18 +67,18 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod attempts;
+pub mod backend;
 mod batch;
 mod check;
 mod decision;
 mod delay;
-pub mod gcra;
 mod id;
 mod key;
 mod limiter;
 mod observe;
 mod policy;
 
-pub use crate::batch::{BatchError, validate_batch};
+pub use crate::batch::BatchError;
 pub use crate::check::Check;
 pub use crate::decision::{
     Admitted, Allowance, AllowanceError, BatchDecision, BatchDecisionError, BatchDecisionView, Decision,
@@ -89,7 +92,7 @@ pub use crate::key::{
 pub use crate::limiter::Limiter;
 pub use crate::observe::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, CleanupObservation,
-    CleanupOutcome, ConsumptionStatus, Observation, Observer, ShardHeadroom, notify,
+    CleanupOutcome, ConsumptionStatus, Observation, Observer,
 };
 pub use crate::policy::{
     Capacity, FixedWindowPolicy, GcraPolicy, MAX_LIMIT, MAX_WINDOW, MAX_WINDOW_MILLIS, PolicyError,

@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::{
+    backend::ShardHeadroom,
     id::{PolicyId, ScopeId},
     policy::{PolicyFingerprint, RateLimitPolicy},
 };
@@ -15,7 +16,8 @@ use crate::{
 ///
 /// Callbacks run synchronously after memory locks are released or database transactions are
 /// finalized. Keep them fast and hand export work to another thread. An observer cannot change
-/// a decision: backends call it through [`notify`], which catches panics.
+/// a decision: backends call it through [`backend::notify`](crate::backend::notify), which
+/// catches panics.
 /// The default method ignores every observation; `()` is the no-op observer.
 pub trait Observer: Send + Sync {
     /// Called once per admission or cleanup operation.
@@ -141,25 +143,6 @@ pub enum ConsumptionStatus {
     /// The operation may have consumed quota: its commit outcome is unknown. Never replay it
     /// automatically.
     MayHaveBeenConsumed,
-}
-
-/// A memory shard's capacity after an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ShardHeadroom {
-    /// The shard's index.
-    pub shard_index: usize,
-    /// Entries stored in the shard, live or expired-but-not-yet-removed.
-    pub entries: usize,
-    /// The shard's fixed capacity.
-    pub capacity: usize,
-}
-
-impl ShardHeadroom {
-    /// Free slots: `capacity - entries`.
-    #[must_use]
-    pub fn headroom(&self) -> usize {
-        self.capacity.saturating_sub(self.entries)
-    }
 }
 
 /// One admission's telemetry.

@@ -10,8 +10,9 @@ use crate::id::{PolicyId, ScopeId};
 /// (9,223,372,036,854,775,807) units.
 ///
 /// Chosen so every core-valid count fits PostgreSQL's `bigint` and the scaled GCRA
-/// arithmetic of [`gcra`](crate::gcra) fits `u128` for every `u64` millisecond clock reading
-/// (see `../shared/spec/gcra.md` §4). Backends rely on it instead of re-checking.
+/// arithmetic of [`backend::gcra`](crate::backend::gcra) fits `u128` for every `u64`
+/// millisecond clock reading (the largest intermediate, `now × Q + 2·B·P`, stays below 2¹²⁸).
+/// Backends rely on it instead of re-checking.
 pub const MAX_LIMIT: u64 = 9_223_372_036_854_775_807;
 
 /// The longest window or period any policy accepts: ⌊2⁵³ / 1000⌋ = 9,007,199,254,740
@@ -390,7 +391,8 @@ impl RateLimitPolicy for FixedWindowPolicy {
 /// each `period`, and a rested subject may spend up to `burst_capacity` units at once.
 ///
 /// The emission interval is `period / quota`; it need not be a whole number of
-/// milliseconds, because [`gcra`](crate::gcra) evaluates in exact scaled integers. The full
+/// milliseconds, because [`backend::gcra`](crate::backend::gcra) evaluates in exact scaled
+/// integers. The full
 /// replenishment time ⌈burst_capacity × period / quota⌉ ms must not exceed [`MAX_WINDOW`].
 ///
 /// # Examples
@@ -494,12 +496,6 @@ impl GcraPolicy {
         let millis = full.div_ceil(u128::from(self.quota.get()));
         // Validated at construction: 1 <= millis <= MAX_WINDOW_MILLIS.
         QuotaPeriod(u64::try_from(millis).unwrap_or(MAX_WINDOW_MILLIS))
-    }
-
-    /// The evaluator parameters of this policy.
-    #[must_use]
-    pub fn gcra_parameters(&self) -> crate::gcra::GcraParameters {
-        crate::gcra::GcraParameters::from_policy(self)
     }
 }
 

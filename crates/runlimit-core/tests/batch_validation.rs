@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::{prelude::*, test_runner::FileFailurePersistence};
 use runlimit_core::{
     BatchError, Check, FixedWindowPolicy, PolicyId, QuotaMode, RateLimitPolicy, ScopeId, SubjectKey,
-    validate_batch,
+    backend::batch::validate as validate_batch,
 };
 
 /// Policy families: the same family in both modes shares one fingerprint.

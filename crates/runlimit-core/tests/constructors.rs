@@ -11,7 +11,7 @@ use runlimit_core::{
     FixedWindowPolicy, GcraPolicy, IdentifierError, KeyHasher, KeyHasherError, MAX_LIMIT, MAX_WINDOW,
     MAX_WINDOW_MILLIS, PolicyError, PolicyId, QuotaDenial, QuotaMode, QuotaPeriod, ScopeId,
     attempts::AttemptPolicy,
-    gcra::{GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime, evaluate},
+    backend::gcra::{GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime, evaluate},
 };
 
 fn config() -> ProptestConfig {

@@ -1,4 +1,4 @@
-//! `runlimit_core::gcra::evaluate` against a straightforward reference model in exact
+//! `runlimit_core::backend::gcra::evaluate` against a straightforward reference model in exact
 //! rationals: the real-valued formulas of `gcra.md` §2 with T = P/Q as a `BigRational`, then
 //! `ceil`/`floor` only for reporting.
 //!
@@ -17,7 +17,7 @@ use proptest::{prelude::*, test_runner::FileFailurePersistence};
 use runlimit_core::{
     Allowance, Capacity, Delay, GcraPolicy, MAX_LIMIT, MAX_WINDOW_MILLIS, PolicyError, PolicyId, QuotaDenial,
     QuotaPeriod, ScopeId,
-    gcra::{GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime, evaluate},
+    backend::gcra::{GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime, evaluate},
 };
 
 fn int(value: impl Into<BigInt>) -> BigRational {
@@ -228,7 +228,7 @@ proptest! {
             burst,
         )
         .unwrap();
-        prop_assert_eq!(policy.gcra_parameters(), params);
+        prop_assert_eq!(GcraParameters::of(&policy), params);
         // The bound is tight: one more unit of burst is rejected with the exact replenishment.
         if burst == largest_burst(quota, period) && burst < MAX_LIMIT {
             let over = (u128::from(burst) + 1) * u128::from(period);

@@ -17,7 +17,7 @@ use futures_executor::block_on;
 use runlimit_core::{
     Allowance, BatchDecision, BatchDecisionView, BatchError, Check, CounterKey, Decision, DecisionView,
     Delay, FixedWindowPolicy, Limiter, PolicyId, QuotaDenial, QuotaMode, RateLimitPolicy, ScopeId,
-    SubjectKey, validate_batch,
+    SubjectKey, backend::batch::validate as validate_batch,
 };
 
 /// A toy limiter: a per-key count that never resets (enough to show the trait's shape).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runlimit_core::{
     Allowance, Capacity, Decision, Delay, Denial, GcraPolicy, PolicyId, QuotaDenial, QuotaMode, ScopeId,
-    gcra::{GcraOutcome, evaluate},
+    backend::gcra::{GcraOutcome, GcraParameters, evaluate},
 };
 
 // ---- verbatim from the spec ----
@@ -94,7 +94,7 @@ fn from_real_gcra_outcomes() {
         2,
     )
     .unwrap();
-    let parameters = policy.gcra_parameters();
+    let parameters = GcraParameters::of(&policy);
     let first = evaluate(&parameters, None, 0, 1).unwrap();
     let decision = Decision::allowed(first.allowance(&parameters).unwrap());
     assert_eq!(describe(&decision), "admitted; 1 of 2 left");

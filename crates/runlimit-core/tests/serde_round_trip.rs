@@ -11,7 +11,7 @@ use runlimit_core::{
     FixedWindowPolicy, GcraPolicy, KeyHasher, MAX_LIMIT, MAX_WINDOW, PolicyFingerprint, PolicyId,
     PolicySubject, QuotaDenial, QuotaMode, QuotaPeriod, ScopeId, SubjectKey,
     attempts::AttemptPolicy,
-    gcra::{GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+    backend::gcra::{GcraOutcome, GcraParameters, TheoreticalArrivalTime},
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -217,7 +217,7 @@ fn batch_decisions() {
     let quota = QuotaDenial::new(capacity(3), Delay::from_millis(7));
     // The inline form of a small allowed batch serializes exactly like its `Vec` form.
     round_trip(
-        &BatchDecision::allowed_from_iter([allowance(5, 4, 1_000), allowance(2, 0, 1)]).unwrap(),
+        &runlimit_core::backend::batch::allowed([allowance(5, 4, 1_000), allowance(2, 0, 1)]).unwrap(),
         Some(
             r#"{"outcome":"allowed","allowances":[{"capacity":5,"available":4,"replenishes_after":{"secs":1,"nanos":0}},{"capacity":2,"available":0,"replenishes_after":{"secs":0,"nanos":1000000}}]}"#,
         ),

@@ -3,18 +3,19 @@
 //!
 //! # State per subject
 //!
-//! An entry holds the consecutive failure count, the instant of the latest failure and at most
-//! one lease `(deadline, token)`. Every instant is a whole millisecond of the limiter's clock.
+//! An entry holds the subject's [`AttemptState`] (consecutive failures, the latest failure
+//! and at most one lease deadline) and its lease's token. Every instant is a whole millisecond
+//! of the limiter's clock. Every transition is the state machine of
+//! [`runlimit_core::backend::attempts`], shared with PostgreSQL:
 //!
-//! - A lease whose deadline has passed is converted into a failure *at its deadline* the next
+//! - a lease whose deadline has passed is converted into a failure *at its deadline* the next
 //!   time the entry is touched (lazily, under the shard lock), so dropping a receipt is no
 //!   refund and the backoff it causes is measured from the deadline, not from whenever the
-//!   subject is next seen.
-//! - The entry expires, and its slot can be reclaimed, at `base + quiet_period`, where `base` is
-//!   the lease deadline while a lease exists and the latest failure otherwise. Because
-//!   `quiet_period ≥ delay_cap`, an expired entry never still owes a backoff, and because the
-//!   base of a leased entry is its deadline, quiet expiry never erases an active lease.
-//! - A success removes the entry (retry state reset, slot freed).
+//!   subject is next seen;
+//! - the entry expires, and its slot can be reclaimed, at `base + quiet_period`, where `base` is
+//!   the lease deadline while a lease exists and the latest failure otherwise, so quiet expiry
+//!   never erases an active lease;
+//! - a success removes the entry (retry state reset, slot freed).
 //!
 //! # Bounds
 //!
@@ -40,7 +41,11 @@ use runlimit_core::{
     AttemptSubject, CounterKey, Delay,
     attempts::{
         AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptEvent, AttemptObservation,
-        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, notify_attempt,
+        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
+    },
+    backend::{
+        attempts::{self as rule, AttemptState, Completion},
+        is_expired, notify_attempt,
     },
 };
 
@@ -48,7 +53,6 @@ use crate::{
     clock::{self, Clock, SystemClock},
     config::MemoryStoreConfig,
     error::PoisonedShardError,
-    shard::is_expired,
 };
 
 /// Receipt tokens come from one process-wide counter, so a receipt is never accepted by a
@@ -59,35 +63,19 @@ fn next_token() -> u64 {
     NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Lease {
-    deadline: u64,
-    token: u64,
-}
-
+/// A subject's stored state: the rule's [`AttemptState`] and the token of its lease, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct AttemptEntry {
-    failures: u32,
-    last_failure_at: u64,
-    lease: Option<Lease>,
+    state: AttemptState,
+    /// The token of the lease `state` holds; `None` without a lease.
+    token: Option<u64>,
 }
 
 impl AttemptEntry {
-    /// Converts an expired lease into a failure evaluated at its deadline.
-    fn settle_lease(&mut self, now: u64) {
-        if let Some(lease) = self.lease
-            && is_expired(lease.deadline, now)
-        {
-            self.failures = self.failures.saturating_add(1);
-            self.last_failure_at = lease.deadline;
-            self.lease = None;
-        }
-    }
-
-    /// The first millisecond at which the entry holds no state: `base + quiet_period`.
-    fn expires_at(&self, quiet_millis: u64) -> u64 {
-        let base = self.lease.map_or(self.last_failure_at, |lease| lease.deadline);
-        base.saturating_add(quiet_millis)
+    /// The entry after [`AttemptState::settled`]: an expired lease and its token are gone.
+    fn settled(self, now: u64) -> Self {
+        let state = self.state.settled(now);
+        Self { state, token: self.token.filter(|_| state.lease_deadline_ms.is_some()) }
     }
 }
 
@@ -124,11 +112,17 @@ impl AttemptShard {
     }
 
     /// Stores `entry` under `key`, moving its expiry index element from `old_expiry`.
-    fn store(&mut self, key: CounterKey, old_expiry: Option<u64>, entry: AttemptEntry, quiet: u64) {
+    fn store(
+        &mut self,
+        key: CounterKey,
+        old_expiry: Option<u64>,
+        entry: AttemptEntry,
+        policy: &AttemptPolicy,
+    ) {
         if let Some(old) = old_expiry {
             self.expiry.remove(&(old, key));
         }
-        self.expiry.insert((entry.expires_at(quiet), key));
+        self.expiry.insert((entry.state.expires_at_ms(policy), key));
         self.entries.insert(key, entry);
     }
 
@@ -150,7 +144,6 @@ pub struct MemoryAttemptReceipt {
     policy: AttemptPolicy,
     key: CounterKey,
     token: u64,
-    lease_deadline: u64,
 }
 
 impl MemoryAttemptReceipt {
@@ -295,13 +288,6 @@ fn shard_of(key: &CounterKey, shard_count: usize) -> usize {
     usize::try_from((u128::from(u64::from_le_bytes(word)) * count) >> 64).unwrap_or(0)
 }
 
-fn failure_result(policy: &AttemptPolicy, failures: u32) -> AttemptCompletionResult {
-    AttemptCompletionResult::FailureRecorded {
-        consecutive_failures: failures,
-        retry_after: Delay::from_duration(policy.retry_delay(failures)),
-    }
-}
-
 impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
     /// The configuration.
     #[must_use]
@@ -366,59 +352,35 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
         let reading = clock::millis(&self.clock);
         let mut shard = self.lock(shard_of(&key, self.shards.len()))?;
         let now = shard.clamp(reading);
-        let quiet = policy.quiet_period().as_millis();
         shard.remove_expired(now, self.config.expired_removals_per_check());
         let existing = shard.entries.get(&key).copied();
-        let mut entry = match existing {
-            Some(mut entry) => {
-                entry.settle_lease(now);
-                if let Some(lease) = entry.lease {
-                    let denial = AttemptDenial::InProgress {
-                        retry_after: Delay::from_millis(lease.deadline.saturating_sub(now)),
-                    };
-                    return Ok(AttemptDecision::Denied(denial));
+        if existing.is_none() && shard.entries.len() >= shard.capacity {
+            // A new subject and a full shard: live state is never evicted to make room.
+            let retry_after = shard
+                .expiry
+                .first()
+                .filter(|(at, _)| *at != u64::MAX)
+                .map(|(at, _)| Delay::from_millis(at.saturating_sub(now)));
+            return Ok(AttemptDecision::Denied(AttemptDenial::StorageCapacity { retry_after }));
+        }
+        let old_expiry = existing.map(|old| old.state.expires_at_ms(policy));
+        match rule::admit(policy, existing.map(|entry| entry.state), now) {
+            Err(denial) => {
+                // Persist a settled lease so the index matches the entry (the rule says both are
+                // the same state).
+                if let Some(old) = existing
+                    && old.settled(now) != old
+                {
+                    shard.store(key, old_expiry, old.settled(now), policy);
                 }
-                if entry.failures > 0 && is_expired(entry.expires_at(quiet), now) {
-                    entry.failures = 0;
-                }
-                if entry.failures > 0 {
-                    let delay =
-                        u64::try_from(policy.retry_delay(entry.failures).as_millis()).unwrap_or(u64::MAX);
-                    let ready_at = entry.last_failure_at.saturating_add(delay);
-                    if now < ready_at {
-                        // Persist a settled lease so the index matches the entry.
-                        if existing != Some(entry) {
-                            shard.store(key, existing.map(|old| old.expires_at(quiet)), entry, quiet);
-                        }
-                        return Ok(AttemptDecision::Denied(AttemptDenial::Backoff {
-                            retry_after: Delay::from_millis(ready_at - now),
-                            consecutive_failures: entry.failures,
-                        }));
-                    }
-                }
-                entry
+                Ok(AttemptDecision::Denied(denial))
             }
-            None => {
-                if shard.entries.len() >= shard.capacity {
-                    let retry_after = shard
-                        .expiry
-                        .first()
-                        .filter(|(at, _)| *at != u64::MAX)
-                        .map(|(at, _)| Delay::from_millis(at.saturating_sub(now)));
-                    return Ok(AttemptDecision::Denied(AttemptDenial::StorageCapacity { retry_after }));
-                }
-                AttemptEntry { failures: 0, last_failure_at: now, lease: None }
+            Ok(state) => {
+                let token = next_token();
+                shard.store(key, old_expiry, AttemptEntry { state, token: Some(token) }, policy);
+                Ok(AttemptDecision::Admitted(MemoryAttemptReceipt { policy: policy.clone(), key, token }))
             }
-        };
-        let lease = Lease { deadline: now.saturating_add(policy.lease().as_millis()), token: next_token() };
-        entry.lease = Some(lease);
-        shard.store(key, existing.map(|old| old.expires_at(quiet)), entry, quiet);
-        Ok(AttemptDecision::Admitted(MemoryAttemptReceipt {
-            policy: policy.clone(),
-            key,
-            token: lease.token,
-            lease_deadline: lease.deadline,
-        }))
+        }
     }
 
     /// Records the outcome of an admitted attempt, consuming its receipt.
@@ -456,36 +418,28 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
         outcome: AttemptOutcome,
     ) -> Result<AttemptCompletionResult, PoisonedShardError> {
         let key = receipt.key;
-        let quiet = receipt.policy.quiet_period().as_millis();
+        let policy = &receipt.policy;
         let reading = clock::millis(&self.clock);
         let mut shard = self.lock(shard_of(&key, self.shards.len()))?;
         let now = shard.clamp(reading);
-        let Some(existing) = shard.entries.get(&key).copied() else {
-            return Ok(AttemptCompletionResult::Stale);
-        };
-        let mut entry = existing;
-        entry.settle_lease(now);
-        let holds = entry.lease.is_some_and(|lease| lease.token == receipt.token);
-        if !holds {
-            if entry != existing {
-                shard.store(key, Some(existing.expires_at(quiet)), entry, quiet);
+        let existing = shard.entries.get(&key).copied();
+        let holds = existing.is_some_and(|entry| entry.token == Some(receipt.token));
+        let old_expiry = existing.map(|old| old.state.expires_at_ms(policy));
+        let completion = rule::complete(policy, existing.map(|entry| entry.state), holds, outcome, now);
+        match completion {
+            Completion::Remove => shard.remove(key, old_expiry.unwrap_or(u64::MAX)),
+            Completion::Store { state, .. } => {
+                shard.store(key, old_expiry, AttemptEntry { state, token: None }, policy);
             }
-            return Ok(AttemptCompletionResult::Stale);
+            Completion::Stale { .. } => {
+                if let Some(old) = existing
+                    && old.settled(now) != old
+                {
+                    shard.store(key, old_expiry, old.settled(now), policy);
+                }
+            }
         }
-        debug_assert!(entry.lease.is_some_and(|lease| lease.deadline == receipt.lease_deadline));
-        Ok(match outcome {
-            AttemptOutcome::Success => {
-                shard.remove(key, existing.expires_at(quiet));
-                AttemptCompletionResult::Reset
-            }
-            AttemptOutcome::Failure | AttemptOutcome::Abandoned => {
-                entry.failures = entry.failures.saturating_add(1);
-                entry.last_failure_at = now;
-                entry.lease = None;
-                shard.store(key, Some(existing.expires_at(quiet)), entry, quiet);
-                failure_result(&receipt.policy, entry.failures)
-            }
-        })
+        Ok(completion.result())
     }
 
     /// Stored subjects, live or expired-but-not-yet-removed, summed over shards (poisoned
@@ -561,7 +515,7 @@ mod tests {
         {
             let mut shard = limiter.lock(shard_of(&subject.counter_key(), 1)).unwrap();
             let entry = shard.entries.get_mut(&subject.counter_key()).unwrap();
-            entry.failures = u32::MAX - 1;
+            entry.state.consecutive_failures = u32::MAX - 1;
         }
         assert_eq!(
             limiter.complete(receipt, AttemptOutcome::Failure).unwrap(),

@@ -17,9 +17,8 @@ use runlimit_core::{
 
 use crate::{
     MemoryStoreConfig,
-    engine::{Algorithm, Engine, Report},
-    fixed_window::FixedWindow,
-    gcra_store::Gcra,
+    algorithm::sealed::Algorithm,
+    engine::{Engine, Report},
 };
 
 #[derive(Clone, Debug)]
@@ -71,16 +70,12 @@ fn outcome<D: std::fmt::Debug, F: std::fmt::Debug>(result: Result<Report<D>, F>)
     }
 }
 
-fn run<A: Algorithm>(
-    config: MemoryStoreConfig,
-    policies: &[A::Policy; 3],
-    ops: &[Op],
-) -> Result<(), TestCaseError>
+fn run<A: Algorithm>(config: MemoryStoreConfig, policies: &[A; 3], ops: &[Op]) -> Result<(), TestCaseError>
 where
     A::Error: std::fmt::Debug,
 {
     let hasher = KeyHasher::new(&[7; 32]).unwrap();
-    let subjects: Vec<Vec<PolicySubject<'_, A::Policy>>> = policies
+    let subjects: Vec<Vec<PolicySubject<'_, A>>> = policies
         .iter()
         .map(|policy| (0..10u64).map(|n| hasher.hash_for(policy, &n.to_be_bytes())).collect())
         .collect();
@@ -125,13 +120,13 @@ proptest! {
     fn fixed_window_batch_paths_agree(config in config(), ops in ops()) {
         let base = fixed("a", 2, 300);
         let policies = [base.clone(), fixed("b", 1, 500), base.with_quota_mode(QuotaMode::Shadow)];
-        run::<FixedWindow>(config, &policies, &ops)?;
+        run::<FixedWindowPolicy>(config, &policies, &ops)?;
     }
 
     #[test]
     fn gcra_batch_paths_agree(config in config(), ops in ops()) {
         let base = gcra("a", 2, 300, 2);
         let policies = [base.clone(), gcra("b", 1, 500, 1), base.with_quota_mode(QuotaMode::Shadow)];
-        run::<Gcra>(config, &policies, &ops)?;
+        run::<GcraPolicy>(config, &policies, &ops)?;
     }
 }

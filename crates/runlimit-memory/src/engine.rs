@@ -21,28 +21,20 @@ use smallvec::SmallVec;
 
 use runlimit_core::{
     Allowance, BatchDecision, BatchDecisionError, Check, Decision, Delay, Denial, QuotaDenial, QuotaMode,
-    RateLimitPolicy, ShardHeadroom, validate_batch,
+    backend::{
+        ShardHeadroom,
+        batch::{self, Precedence},
+    },
 };
 
 use crate::{
+    algorithm::sealed::Algorithm,
     config::MemoryStoreConfig,
     error::{CheckFailure, Failure, PoisonedShardError},
     key::StoredKey,
     shard::{Budget, Entry, Shard},
     stats::{MemoryStoreStats, ShardStats},
 };
-
-/// A counting algorithm: how one check changes one entry.
-pub(crate) trait Algorithm {
-    /// The policy type it evaluates.
-    type Policy: RateLimitPolicy;
-    /// Why it may refuse to decide.
-    type Error;
-
-    /// Evaluates one unit-cost check at `now` (store milliseconds) against the key's live
-    /// entry (`None`: no entry, or an expired one).
-    fn evaluate(policy: &Self::Policy, live: Option<Entry>, now: u64) -> Result<Verdict, Self::Error>;
-}
 
 /// What an algorithm decided for one check, before storage capacity is considered.
 #[derive(Clone, Copy, Debug)]
@@ -67,25 +59,20 @@ struct Planned {
     next: Option<Entry>,
 }
 
-/// A batch's verdicts so far: the allowances in input order, the first exhausted quota and the
-/// first check short of storage.
-#[derive(Default)]
+/// A batch's verdicts so far: the allowances in input order, and the denials in the
+/// [`Precedence`] of the batch rule ([`runlimit_core::backend::batch`]).
 struct Verdicts {
     /// The allowances of the allowed checks, in input order.
     allowances: SmallVec<[Allowance; INLINE]>,
-    /// The first check whose quota is exhausted.
-    exhausted: Option<(usize, QuotaDenial)>,
-    /// The first allowed check needing a slot its shard lacks.
-    short: Option<usize>,
-}
-
-/// Which denial a batch reports, before a storage denial's retry delay is known.
-enum Denied {
-    Storage(usize),
-    Quota(usize, QuotaDenial),
+    precedence: Precedence,
 }
 
 impl Verdicts {
+    #[inline]
+    fn new(mode: QuotaMode) -> Self {
+        Self { allowances: SmallVec::new(), precedence: Precedence::new(mode) }
+    }
+
     /// Records the verdict of the check at `index`; returns the entry to store if allowed.
     #[inline]
     fn push(&mut self, index: usize, verdict: Verdict) -> Option<Entry> {
@@ -95,7 +82,7 @@ impl Verdicts {
                 Some(next)
             }
             Verdict::Exhausted(denial) => {
-                self.exhausted.get_or_insert((index, denial));
+                self.precedence.quota_exceeded(index, denial);
                 None
             }
         }
@@ -104,22 +91,7 @@ impl Verdicts {
     /// The check at `index` was allowed but its shard has no slot left for it.
     #[inline]
     fn short_of_storage(&mut self, index: usize) {
-        self.short.get_or_insert(index);
-    }
-
-    /// The denial to report: storage denials are enforced in every mode, so under enforcement
-    /// the earliest denied check wins, and in shadow mode a storage denial wins over any
-    /// (shadow) quota denial.
-    #[inline]
-    fn denial(&self, mode: QuotaMode) -> Option<Denied> {
-        match (self.short, self.exhausted) {
-            (Some(short), Some((index, denial))) if mode == QuotaMode::Enforce && index < short => {
-                Some(Denied::Quota(index, denial))
-            }
-            (Some(short), _) => Some(Denied::Storage(short)),
-            (None, Some((index, denial))) => Some(Denied::Quota(index, denial)),
-            (None, None) => None,
-        }
+        self.precedence.storage_capacity(index);
     }
 
     /// The allowed decision (every verdict allowed).
@@ -128,8 +100,8 @@ impl Verdicts {
         let decision = match *self.allowances.as_slice() {
             // The commonest batch, from an array: copied without iterator state (about 5 ns
             // less per two-check batch than through the slice iterator, measured).
-            [first, second] => BatchDecision::allowed_from_iter([first, second]),
-            _ => BatchDecision::allowed_from_iter(self.allowances.iter().copied()),
+            [first, second] => batch::allowed([first, second]),
+            _ => batch::allowed(self.allowances.iter().copied()),
         };
         decision.map(|decision| (decision, None))
     }
@@ -249,10 +221,9 @@ fn clean(shard: &mut Shard, now: u64, budget: &mut Budget, timed: bool, work: &m
     }
 }
 
-fn storage_denial(retry_after_millis: Option<u64>, now: u64) -> Denial {
-    Denial::StorageCapacity {
-        retry_after: retry_after_millis.map(|at| Delay::from_millis(at.saturating_sub(now))),
-    }
+/// The time from `now` until `at` (store milliseconds), when known.
+fn delay_until(at: Option<u64>, now: u64) -> Option<Delay> {
+    at.map(|at| Delay::from_millis(at.saturating_sub(now)))
 }
 
 impl Engine {
@@ -280,7 +251,7 @@ impl Engine {
     /// Evaluates one check at clock reading `clock_now`.
     pub(crate) fn check<A: Algorithm>(
         &self,
-        check: &Check<'_, A::Policy>,
+        check: &Check<'_, A>,
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<Decision>, CheckFailure<A::Error>> {
@@ -298,7 +269,7 @@ impl Engine {
 
         let slot = shard.find(&key, hash);
         let live = slot.and_then(|slot| shard.entry(slot)).and_then(|entry| entry.live_at(now));
-        let verdict = A::evaluate(check.policy(), live, now).map_err(CheckFailure::Evaluation)?;
+        let verdict = check.policy().evaluate(live, now).map_err(CheckFailure::Evaluation)?;
         let (decision, consumed) = match verdict {
             Verdict::Exhausted(denial) => {
                 (Decision::quota_exceeded(denial, check.policy().quota_mode()), false)
@@ -314,7 +285,10 @@ impl Engine {
                 }
                 None => {
                     let earliest = shard.earliest_expiry(&mut budget);
-                    (Decision::denied(storage_denial(earliest, now)), false)
+                    (
+                        Decision::denied(Denial::StorageCapacity { retry_after: delay_until(earliest, now) }),
+                        false,
+                    )
                 }
             },
         };
@@ -325,14 +299,14 @@ impl Engine {
     ///
     /// Bookkeeping for up to [`INLINE`] checks lives in arrays or inline vectors, and an
     /// allowed decision of one or two checks is stored inline too
-    /// ([`BatchDecision::allowed_from_iter`]): a batch of one or two checks allocates nothing.
+    /// ([`batch::allowed`]): a batch of one or two checks allocates nothing.
     pub(crate) fn check_all<A: Algorithm>(
         &self,
-        checks: &[Check<'_, A::Policy>],
+        checks: &[Check<'_, A>],
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let mode = validate_batch(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        let mode = batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
         match checks.len() {
             1 => self.check_small::<A, 1>(checks, mode, clock_now, timed),
             2 => self.check_small::<A, 2>(checks, mode, clock_now, timed),
@@ -357,12 +331,12 @@ impl Engine {
     #[allow(clippy::needless_range_loop)] // several arrays indexed in step
     fn check_small<A: Algorithm, const N: usize>(
         &self,
-        checks: &[Check<'_, A::Policy>],
+        checks: &[Check<'_, A>],
         mode: QuotaMode,
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let Ok(checks) = <&[Check<'_, A::Policy>; N]>::try_from(checks) else {
+        let Ok(checks) = <&[Check<'_, A>; N]>::try_from(checks) else {
             return self.check_all_across_shards::<A>(checks, mode, clock_now, timed);
         };
         let batch_size = N;
@@ -429,7 +403,7 @@ impl Engine {
         }
 
         // Evaluate in input order without mutating anything.
-        let mut verdicts = Verdicts::default();
+        let mut verdicts = Verdicts::new(mode);
         let mut next: [Option<Entry>; N] = [None; N];
         // Allowed checks needing a new slot so far, on the first shard and on the other.
         let mut new_keys = [0, 0];
@@ -437,7 +411,9 @@ impl Engine {
         for index in 0..N {
             let held = pick(&shard, other.as_deref(), on_other[index]);
             let live = slots[index].and_then(|slot| held.entry(slot)).and_then(|entry| entry.live_at(now));
-            let verdict = A::evaluate(checks[index].policy(), live, now)
+            let verdict = checks[index]
+                .policy()
+                .evaluate(live, now)
                 .map_err(|source| Failure::Evaluation { index, source })?;
             next[index] = verdicts.push(index, verdict);
             if slots[index].is_none() && next[index].is_some() {
@@ -452,23 +428,23 @@ impl Engine {
             }
         }
 
-        let decision = match verdicts.denial(mode) {
-            Some(Denied::Storage(index)) => {
-                // The batch may fit once every short shard has room: the latest of their
-                // earliest expiries (a lower bound when a shard lacks more than one slot).
-                let [short, other_short] = short;
-                let mut latest = Some(0u64);
-                if short {
-                    latest = latest.zip(shard.earliest_expiry(&mut budget)).map(|(a, b)| a.max(b));
+        let decision = match verdicts.precedence.denial() {
+            Some(denial) => {
+                let mut retry_after = None;
+                if denial.is_storage_capacity() {
+                    // The batch may fit once every short shard has room: the latest of their
+                    // earliest expiries (a lower bound when a shard lacks more than one slot).
+                    let [short, other_short] = short;
+                    let mut latest = Some(0u64);
+                    if short {
+                        latest = latest.zip(shard.earliest_expiry(&mut budget)).map(|(a, b)| a.max(b));
+                    }
+                    if let (true, Some(other)) = (other_short, other.as_mut()) {
+                        latest = latest.zip(other.earliest_expiry(&mut other_budget)).map(|(a, b)| a.max(b));
+                    }
+                    retry_after = delay_until(latest, now);
                 }
-                if let (true, Some(other)) = (other_short, other.as_mut()) {
-                    latest = latest.zip(other.earliest_expiry(&mut other_budget)).map(|(a, b)| a.max(b));
-                }
-                BatchDecision::denied(index, batch_size, storage_denial(latest, now))
-                    .map(|d| (d, Some(index)))
-            }
-            Some(Denied::Quota(index, denial)) => {
-                BatchDecision::quota_exceeded(index, batch_size, denial, mode).map(|d| (d, Some(index)))
+                denial.into_decision(batch_size, retry_after).map(|d| (d, Some(denial.index())))
             }
             None => {
                 for index in 0..N {
@@ -508,7 +484,7 @@ impl Engine {
     /// [`INLINE`] checks, or three or more shards.
     fn check_all_across_shards<A: Algorithm>(
         &self,
-        checks: &[Check<'_, A::Policy>],
+        checks: &[Check<'_, A>],
         mode: QuotaMode,
         clock_now: u64,
         timed: bool,
@@ -563,13 +539,13 @@ impl Engine {
         }
 
         // Evaluate in input order without mutating anything.
-        let mut verdicts = Verdicts::default();
+        let mut verdicts = Verdicts::new(mode);
         for (index, (check, plan)) in checks.iter().zip(&mut planned).enumerate() {
             let group = &mut groups[plan.group];
             let live =
                 plan.slot.and_then(|slot| group.shard.entry(slot)).and_then(|entry| entry.live_at(now));
-            let verdict = A::evaluate(check.policy(), live, now)
-                .map_err(|source| Failure::Evaluation { index, source })?;
+            let verdict =
+                check.policy().evaluate(live, now).map_err(|source| Failure::Evaluation { index, source })?;
             plan.next = verdicts.push(index, verdict);
             if plan.slot.is_none() && plan.next.is_some() {
                 group.new_keys += 1;
@@ -580,22 +556,22 @@ impl Engine {
             }
         }
 
-        let decision = match verdicts.denial(mode) {
-            Some(Denied::Storage(index)) => {
-                // The batch may fit once every short shard has room: the latest of their
-                // earliest expiries (a lower bound when a shard lacks more than one slot).
-                let mut latest = Some(0u64);
-                for group in groups.iter_mut().filter(|group| group.short) {
-                    latest = match (latest, group.shard.earliest_expiry(&mut group.budget)) {
-                        (Some(latest), Some(at)) => Some(latest.max(at)),
-                        _ => None,
-                    };
+        let decision = match verdicts.precedence.denial() {
+            Some(denial) => {
+                let mut retry_after = None;
+                if denial.is_storage_capacity() {
+                    // The batch may fit once every short shard has room: the latest of their
+                    // earliest expiries (a lower bound when a shard lacks more than one slot).
+                    let mut latest = Some(0u64);
+                    for group in groups.iter_mut().filter(|group| group.short) {
+                        latest = match (latest, group.shard.earliest_expiry(&mut group.budget)) {
+                            (Some(latest), Some(at)) => Some(latest.max(at)),
+                            _ => None,
+                        };
+                    }
+                    retry_after = delay_until(latest, now);
                 }
-                BatchDecision::denied(index, batch_size, storage_denial(latest, now))
-                    .map(|d| (d, Some(index)))
-            }
-            Some(Denied::Quota(index, denial)) => {
-                BatchDecision::quota_exceeded(index, batch_size, denial, mode).map(|d| (d, Some(index)))
+                denial.into_decision(batch_size, retry_after).map(|d| (d, Some(denial.index())))
             }
             None => {
                 for plan in &planned {
@@ -629,11 +605,11 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn check_all_grouped<A: Algorithm>(
         &self,
-        checks: &[Check<'_, A::Policy>],
+        checks: &[Check<'_, A>],
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let mode = validate_batch(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        let mode = batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
         self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
     }
 

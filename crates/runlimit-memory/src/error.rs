@@ -5,7 +5,7 @@
 //! [`BatchDecision`](runlimit_core::BatchDecision). No error ever consumed quota: each one is
 //! returned before anything is committed.
 
-use runlimit_core::{BatchError, gcra::GcraError};
+use runlimit_core::{BatchError, backend::gcra::GcraError};
 
 /// A shard is poisoned: code panicked while holding its lock.
 ///
@@ -29,7 +29,7 @@ pub struct PoisonedShardError {
 pub enum MemoryBatchError {
     /// The batch broke a structural rule checked before any storage work: empty, too many
     /// checks, mixed quota modes or a repeated storage key (see
-    /// [`validate_batch`](runlimit_core::validate_batch)).
+    /// [`validate`](runlimit_core::backend::batch::validate)).
     #[error("invalid batch")]
     InvalidBatch {
         /// The rule broken.

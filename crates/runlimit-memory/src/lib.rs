@@ -119,7 +119,7 @@
 //! # Observers
 //!
 //! `with_observer` attaches a [`runlimit_core::Observer`]. It is called synchronously after the
-//! shard locks are released, through [`runlimit_core::notify`], which catches panics, so
+//! shard locks are released, through [`runlimit_core::backend::notify`], which catches panics, so
 //! telemetry cannot change a decision. Each admission reports its operation, outcome,
 //! consumption, elapsed time and the headroom of its shard (the fullest touched shard, for a
 //! batch); each check or batch whose cleanup removed entries also reports a cleanup
@@ -150,13 +150,12 @@
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod algorithm;
 mod attempts;
 mod clock;
 mod config;
 mod engine;
 mod error;
-mod fixed_window;
-mod gcra_store;
 mod key;
 mod shard;
 mod stats;
@@ -172,6 +171,7 @@ mod tests;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use crate::algorithm::MemoryAlgorithm;
 pub use crate::attempts::{MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt};
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::config::{
@@ -179,6 +179,112 @@ pub use crate::config::{
     MAX_EXPIRED_REMOVALS_PER_CHECK, MAX_KEYS, MAX_SHARD_COUNT, MemoryStoreConfig, MemoryStoreConfigError,
 };
 pub use crate::error::{GcraBatchError, GcraCheckError, MemoryBatchError, PoisonedShardError};
-pub use crate::fixed_window::{MemoryStore, MemoryStoreBuilder};
-pub use crate::gcra_store::{GcraStore, GcraStoreBuilder};
 pub use crate::stats::{MemoryStoreStats, ShardStats};
+pub use crate::store::{ShardedStore, ShardedStoreBuilder};
+
+/// A sharded, hard-bounded, process-local store of anchored fixed windows.
+///
+/// Each [`FixedWindowPolicy`] subject gets a window that starts at its first allowed check and
+/// lasts the policy's window; at most `limit` checks are allowed in it. Windows are not
+/// aligned to wall-clock boundaries. At the deadline (not a millisecond before) the window is
+/// over, and the next allowed check anchors a new one at its own time.
+///
+/// | outcome | values |
+/// |---|---|
+/// | allowed | [`Allowance`] with `capacity` = limit, `available` = limit − used (after this check), `replenishes_after` = deadline − now |
+/// | quota exceeded | [`QuotaDenial`] with `capacity` = limit, `retry_after` = deadline − now; nothing consumed |
+/// | shadow policy exhausted | the same [`QuotaDenial`], shadow-denied; nothing consumed |
+/// | new key, shard full | [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity) in every quota mode |
+///
+/// All times are whole milliseconds of the store's [`Clock`], read once per operation, so
+/// durations are exact at evaluation time. The policy fingerprint is part of the key, so
+/// changing a policy's identifier, scope, limit or window starts independent counters, while
+/// switching its [`QuotaMode`](runlimit_core::QuotaMode) keeps them.
+///
+/// The decisions come from [`runlimit_core::backend::fixed_window`], the rule every
+/// fixed-window backend applies. See the [crate documentation](crate) for the storage
+/// bounds, cleanup, poisoning and observer rules shared with [`GcraStore`]; the methods are
+/// [`ShardedStore`]'s.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use runlimit_core::{Check, DecisionView, FixedWindowPolicy, KeyHasher, PolicyId, ScopeId};
+/// use runlimit_memory::{ManualClock, MemoryStore, MemoryStoreConfig};
+///
+/// let policy = FixedWindowPolicy::new(
+///     PolicyId::new("auth.login")?, ScopeId::new("client")?, 2, Duration::from_secs(60))?;
+/// let hasher = KeyHasher::new(&[7; 32])?;
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::builder(MemoryStoreConfig::new(1_000)?).with_clock(clock.clone()).build();
+/// let check = Check::new(hasher.hash_for(&policy, b"client-network:192.0.2.4"));
+///
+/// store.check(&check)?; // anchors the window at 0 ms
+/// clock.advance(Duration::from_millis(15_000));
+/// let decision = store.check(&check)?;
+/// let DecisionView::Allowed { allowance } = decision.view() else { panic!("{decision:?}") };
+/// assert_eq!(allowance.available(), 0);
+/// assert_eq!(allowance.replenishes_after().duration(), Duration::from_millis(45_000));
+/// assert!(!store.check(&check)?.permits_request());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type MemoryStore<C = SystemClock, O = ()> = ShardedStore<runlimit_core::FixedWindowPolicy, C, O>;
+
+/// Builds a [`MemoryStore`] with a chosen [`Clock`] and [`runlimit_core::Observer`]; from
+/// [`MemoryStore::builder`](ShardedStore::builder).
+pub type MemoryStoreBuilder<C = SystemClock, O = ()> =
+    ShardedStoreBuilder<runlimit_core::FixedWindowPolicy, C, O>;
+
+/// A sharded, hard-bounded, process-local store of GCRA quotas: `quota` units replenish
+/// continuously over each `period`, and a rested subject may spend up to `burst_capacity`
+/// units at once, with no fixed-window boundary bursts.
+///
+/// Decisions come from the exact scaled-integer evaluator shared with PostgreSQL,
+/// [`runlimit_core::backend::gcra`]: no floats, durations rounded up to whole milliseconds, unit counts
+/// rounded down.
+///
+/// | outcome | values |
+/// |---|---|
+/// | allowed | [`Allowance`](runlimit_core::Allowance) with `capacity` = burst capacity, `available` = units spendable immediately, `replenishes_after` = time until fully rested |
+/// | quota exceeded | [`QuotaDenial`](runlimit_core::QuotaDenial) with `capacity` = burst capacity, `retry_after` = earliest time the check fits; nothing consumed |
+/// | shadow policy exhausted | the same denial, shadow-denied; nothing consumed |
+/// | new key, shard full | [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity) in every quota mode |
+///
+/// Each key uses constant-size state and becomes eligible for bounded cleanup once its full
+/// burst capacity has replenished. Storage bounds, cleanup, poisoning and observers work as
+/// for [`MemoryStore`]; see the [crate documentation](crate). The methods are
+/// [`ShardedStore`]'s.
+///
+/// # Examples
+///
+/// 10 units per second, burst 20 (an emission interval of 100 ms).
+///
+/// ```
+/// use std::time::Duration;
+/// use runlimit_core::{Check, DecisionView, GcraPolicy, KeyHasher, PolicyId, ScopeId};
+/// use runlimit_memory::{GcraStore, ManualClock, MemoryStoreConfig};
+///
+/// let policy = GcraPolicy::new(
+///     PolicyId::new("api.read")?, ScopeId::new("client")?, 10, Duration::from_secs(1), 20)?;
+/// let hasher = KeyHasher::new(&[7; 32])?;
+/// let clock = ManualClock::new();
+/// let store = GcraStore::builder(MemoryStoreConfig::new(1_000)?).with_clock(clock.clone()).build();
+/// let check = Check::new(hasher.hash_for(&policy, b"client-network:192.0.2.4"));
+///
+/// for _ in 0..20 {
+///     assert!(store.check(&check)?.permits_request());
+/// }
+/// assert!(!store.check(&check)?.permits_request());
+/// clock.advance(Duration::from_millis(100));
+/// let decision = store.check(&check)?;
+/// let DecisionView::Allowed { allowance } = decision.view() else { panic!("{decision:?}") };
+/// assert_eq!(allowance.available(), 0);
+/// assert_eq!(allowance.replenishes_after().duration(), Duration::from_secs(2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type GcraStore<C = SystemClock, O = ()> = ShardedStore<runlimit_core::GcraPolicy, C, O>;
+
+/// Builds a [`GcraStore`] with a chosen [`Clock`] and [`runlimit_core::Observer`]; from
+/// [`GcraStore::builder`](ShardedStore::builder).
+pub type GcraStoreBuilder<C = SystemClock, O = ()> = ShardedStoreBuilder<runlimit_core::GcraPolicy, C, O>;

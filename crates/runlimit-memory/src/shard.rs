@@ -34,7 +34,7 @@ use std::{
 };
 
 use hashbrown::HashTable;
-use runlimit_core::ShardHeadroom;
+use runlimit_core::backend::{ShardHeadroom, is_expired};
 
 use crate::key::StoredKey;
 
@@ -47,17 +47,10 @@ pub(crate) struct Entry {
     pub(crate) value: u64,
 }
 
-/// Whether an entry expiring at `expires_at` is expired at `now`: from its expiry instant on,
-/// except that `u64::MAX` (a saturated deadline) never expires, so a clock that jumps to the
-/// end of its range fails closed instead of re-opening every window.
-#[inline]
-pub(crate) fn is_expired(expires_at: u64, now: u64) -> bool {
-    expires_at <= now && expires_at != u64::MAX
-}
-
 impl Entry {
     /// The entry if it is still live at `now`, else `None` (expired entries are equivalent to
-    /// no entry for both algorithms).
+    /// no entry for both algorithms; [`is_expired`] is the rule's expiry predicate, under which
+    /// a saturated `u64::MAX` never passes).
     #[inline]
     pub(crate) fn live_at(self, now: u64) -> Option<Self> {
         (!is_expired(self.expires_at, now)).then_some(self)

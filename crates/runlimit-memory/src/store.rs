@@ -1,48 +1,52 @@
-//! The generic store behind [`MemoryStore`](crate::MemoryStore) and
-//! [`GcraStore`](crate::GcraStore): engine, clock and observer dispatch.
+//! [`ShardedStore`]: the one store behind [`MemoryStore`](crate::MemoryStore) and
+//! [`GcraStore`](crate::GcraStore), generic over what it counts: engine, clock and observer
+//! dispatch.
 
-use std::marker::PhantomData;
+use std::fmt;
 
 use quanta::Instant;
 
 use runlimit_core::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
     BatchDecisionView, Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, DecisionView,
-    Denial, Observation, Observer, notify,
+    Denial, Limiter, Observation, Observer, backend::notify,
 };
 
 use crate::{
-    clock::{self, Clock},
+    algorithm::MemoryAlgorithm,
+    clock::{self, Clock, SystemClock},
     config::MemoryStoreConfig,
-    engine::{Algorithm, Engine, Report},
-    error::{CheckFailure, Failure, ObservedFailure},
+    engine::{Engine, Report},
+    error::ObservedFailure,
     stats::MemoryStoreStats,
 };
 
-/// What a builder collects before the store exists.
-pub(crate) struct Parts<C, O> {
-    pub(crate) config: MemoryStoreConfig,
-    pub(crate) clock: C,
-    pub(crate) observer: Option<O>,
-}
-
-impl<C, O> Parts<C, O> {
-    pub(crate) fn with_clock<C2>(self, clock: C2) -> Parts<C2, O> {
-        Parts { config: self.config, clock, observer: self.observer }
-    }
-
-    pub(crate) fn with_observer<O2>(self, observer: O2) -> Parts<C, O2> {
-        Parts { config: self.config, clock: self.clock, observer: Some(observer) }
-    }
-}
-
-pub(crate) struct Store<A, C, O> {
+/// A sharded, hard-bounded, process-local store of one algorithm's quotas: anchored fixed
+/// windows for [`FixedWindowPolicy`](runlimit_core::FixedWindowPolicy) checks (named
+/// [`MemoryStore`](crate::MemoryStore)) or GCRA for
+/// [`GcraPolicy`](runlimit_core::GcraPolicy) checks (named [`GcraStore`](crate::GcraStore)).
+///
+/// Use those two names; this is the type they stand for. What each decision holds is on
+/// their pages; the storage bounds, cleanup, clocks, poisoning and observers shared by both
+/// are in the [crate documentation](crate).
+pub struct ShardedStore<P, C = SystemClock, O = ()> {
     engine: Engine,
     clock: C,
     /// `None` unless a builder attached one: then no observation is built and no elapsed
     /// time is measured on the hot path.
     observer: Option<O>,
-    algorithm: PhantomData<fn() -> A>,
+    algorithm: std::marker::PhantomData<fn() -> P>,
+}
+
+/// Builds a [`ShardedStore`] with a chosen [`Clock`] and [`Observer`]; from
+/// [`ShardedStore::builder`] (spelled [`MemoryStore::builder`](crate::MemoryStore) or
+/// [`GcraStore::builder`](crate::GcraStore)).
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ShardedStoreBuilder<P, C = SystemClock, O = ()> {
+    config: MemoryStoreConfig,
+    clock: C,
+    observer: Option<O>,
+    algorithm: std::marker::PhantomData<fn() -> P>,
 }
 
 fn decision_outcome(decision: &Decision) -> AdmissionOutcome {
@@ -119,36 +123,119 @@ fn observe<'p, D, F: ObservedFailure, O: Observer>(
     notify(observer, &Observation::Admission(observation));
 }
 
-impl<A: Algorithm, C: Clock, O: Observer> Store<A, C, O> {
-    pub(crate) fn new(parts: Parts<C, O>) -> Self {
-        Self {
-            engine: Engine::new(parts.config),
-            clock: parts.clock,
-            observer: parts.observer,
-            algorithm: PhantomData,
+impl<P: MemoryAlgorithm> ShardedStore<P> {
+    /// A store on the [`SystemClock`] with no observer.
+    #[must_use]
+    pub fn new(config: MemoryStoreConfig) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// Starts a builder on the [`SystemClock`] with no observer. Choose the clock here: a
+    /// built store cannot replace it, because its stored deadlines and arrival times belong to
+    /// that clock's coordinate system.
+    ///
+    /// ```compile_fail
+    /// use runlimit_memory::{ManualClock, MemoryStore, MemoryStoreConfig};
+    /// let store = MemoryStore::new(MemoryStoreConfig::new(10)?);
+    /// let store = store.with_clock(ManualClock::new()); // no such method
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(config: MemoryStoreConfig) -> ShardedStoreBuilder<P> {
+        ShardedStoreBuilder {
+            config,
+            clock: SystemClock::new(),
+            observer: None,
+            algorithm: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStoreBuilder<P, C, O> {
+    /// Uses `clock` instead of the [`SystemClock`], such as a
+    /// [`ManualClock`](crate::ManualClock) in tests.
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> ShardedStoreBuilder<P, C2, O> {
+        ShardedStoreBuilder { config: self.config, clock, observer: self.observer, algorithm: self.algorithm }
+    }
+
+    /// Reports every admission (and every cleanup pass that removed entries) to `observer`,
+    /// synchronously, after the shard locks are released. Observer panics are caught.
+    pub fn with_observer<O2: Observer>(self, observer: O2) -> ShardedStoreBuilder<P, C, O2> {
+        ShardedStoreBuilder {
+            config: self.config,
+            clock: self.clock,
+            observer: Some(observer),
+            algorithm: self.algorithm,
         }
     }
 
-    pub(crate) fn config(&self) -> &MemoryStoreConfig {
-        self.engine.config()
+    /// Builds the store. Shards start empty and grow on demand up to their fixed capacities.
+    #[must_use]
+    pub fn build(self) -> ShardedStore<P, C, O> {
+        ShardedStore {
+            engine: Engine::new(self.config),
+            clock: self.clock,
+            observer: self.observer,
+            algorithm: std::marker::PhantomData,
+        }
     }
+}
 
-    pub(crate) fn check(&self, check: &Check<'_, A::Policy>) -> Result<Decision, CheckFailure<A::Error>> {
+impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
+    /// Evaluates one check, consuming one unit when allowed.
+    ///
+    /// Before evaluating, removes at most
+    /// [`expired_removals_per_check`](MemoryStoreConfig::expired_removals_per_check) expired
+    /// entries from the key's shard. A new key that does not fit its full shard is denied with
+    /// [`Denial::StorageCapacity`], whose `retry_after` is the time until the shard's earliest
+    /// expiry when the store knows it.
+    ///
+    /// # Errors
+    ///
+    /// [`MemoryAlgorithm::CheckError`]: for a [`MemoryStore`](crate::MemoryStore)
+    /// [`PoisonedShardError`](crate::PoisonedShardError) when the key's shard is poisoned; for
+    /// a [`GcraStore`](crate::GcraStore) a [`GcraCheckError`](crate::GcraCheckError), which adds
+    /// [`Evaluation`](crate::GcraCheckError::Evaluation) for a clock reading so large
+    /// (hundreds of millions of years) that an arrival time no longer fits. Nothing was
+    /// consumed in any case.
+    pub fn check(&self, check: &Check<'_, P>) -> Result<Decision, P::CheckError> {
         let started = self.observer.as_ref().map(|_| Instant::now());
-        let result = self.engine.check::<A>(check, clock::millis(&self.clock), started.is_some());
+        let result = self.engine.check::<P>(check, clock::millis(&self.clock), started.is_some());
         if let (Some(observer), Some(started)) = (&self.observer, started) {
             let operation = |_| AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
             observe(observer, started, operation, &result, decision_outcome);
         }
-        result.map(|report| report.decision)
+        result.map(|report| report.decision).map_err(P::check_error)
     }
 
-    pub(crate) fn check_all(
-        &self,
-        checks: &[Check<'_, A::Policy>],
-    ) -> Result<BatchDecision, Failure<A::Error>> {
+    /// Evaluates an atomic batch: when every check is allowed, all are consumed together and
+    /// the allowances are returned in input order; otherwise nothing is consumed and the
+    /// decision names the deciding index (the rule of
+    /// [`runlimit_core::backend::batch`]: under enforcement the first denial in input order,
+    /// whatever its reason; in shadow mode a storage denial wins over every shadow denial,
+    /// because storage capacity fails closed in every mode).
+    ///
+    /// Each check entitles its shard to the configured expired-entry removals.
+    ///
+    /// # Errors
+    ///
+    /// [`MemoryAlgorithm::BatchError`]: a [`MemoryBatchError`](crate::MemoryBatchError)
+    /// (wrapped in [`GcraBatchError::Store`](crate::GcraBatchError::Store) for a
+    /// [`GcraStore`](crate::GcraStore)):
+    ///
+    /// - [`InvalidBatch`](crate::MemoryBatchError::InvalidBatch): empty, larger than
+    ///   [`maximum_batch_size`](MemoryStoreConfig::maximum_batch_size), mixed quota modes or
+    ///   a repeated storage key; checked before any storage work.
+    /// - [`BatchExceedsShardCapacity`](crate::MemoryBatchError::BatchExceedsShardCapacity):
+    ///   more distinct keys in one shard than it can ever hold; checked before any lock.
+    /// - [`PoisonedShard`](crate::MemoryBatchError::PoisonedShard): a touched shard is
+    ///   poisoned.
+    ///
+    /// A [`GcraStore`](crate::GcraStore) adds
+    /// [`GcraBatchError::Evaluation`](crate::GcraBatchError::Evaluation) naming the check the
+    /// evaluator could not decide. Nothing was consumed in any error case.
+    pub fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, P::BatchError> {
         let started = self.observer.as_ref().map(|_| Instant::now());
-        let result = self.engine.check_all::<A>(checks, clock::millis(&self.clock), started.is_some());
+        let result = self.engine.check_all::<P>(checks, clock::millis(&self.clock), started.is_some());
         if let (Some(observer), Some(started)) = (&self.observer, started) {
             let operation = |index: Option<usize>| AdmissionOperation::Batch {
                 size: checks.len(),
@@ -158,19 +245,66 @@ impl<A: Algorithm, C: Clock, O: Observer> Store<A, C, O> {
             };
             observe(observer, started, operation, &result, batch_outcome);
         }
-        result.map(|report| report.decision)
+        result.map(|report| report.decision).map_err(P::batch_error)
     }
 
-    pub(crate) fn recover_poisoned(&self) -> usize {
+    /// Empties every poisoned shard, clears its poison flag and returns how many shards were
+    /// recovered. Healthy shards keep their counters.
+    ///
+    /// An explicit availability tradeoff: the recovered shards forget their windows and
+    /// arrival times (their subjects become fully rested), so requests their lost state would
+    /// have denied can be admitted. Keep admissions failing closed and alert operators before
+    /// choosing to call this.
+    pub fn recover_poisoned(&self) -> usize {
         self.engine.recover_poisoned()
     }
 
-    pub(crate) fn stats(&self) -> MemoryStoreStats {
+    /// A snapshot of each shard's entries, capacity and poison state.
+    #[must_use]
+    pub fn stats(&self) -> MemoryStoreStats {
         self.engine.stats()
+    }
+
+    /// The store's configuration.
+    #[must_use]
+    pub fn config(&self) -> &MemoryStoreConfig {
+        self.engine.config()
     }
 
     #[cfg(test)]
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+}
+
+impl<P, C, O> fmt::Debug for ShardedStore<P, C, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedStore").field("config", self.engine.config()).finish_non_exhaustive()
+    }
+}
+
+impl<P, C, O> fmt::Debug for ShardedStoreBuilder<P, C, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedStoreBuilder").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// The async face of a [`ShardedStore`]; evaluation is synchronous and never waits.
+///
+/// # Cancel safety
+///
+/// The returned futures do nothing until first polled, and complete on that first poll.
+/// Creating and dropping an unpolled future consumes no quota.
+impl<P: MemoryAlgorithm, C: Clock, O: Observer> Limiter for ShardedStore<P, C, O> {
+    type Policy = P;
+    type CheckError = P::CheckError;
+    type CheckAllError = P::BatchError;
+
+    async fn check(&self, check: &Check<'_, P>) -> Result<Decision, P::CheckError> {
+        Self::check(self, check)
+    }
+
+    async fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, P::BatchError> {
+        Self::check_all(self, checks)
     }
 }

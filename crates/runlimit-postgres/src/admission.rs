@@ -6,7 +6,8 @@ use std::time::Instant;
 use runlimit_core::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, Allowance, BatchDecision,
     Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Denial, Observation, Observer,
-    QuotaDenial, QuotaMode, RateLimitPolicy, notify, validate_batch,
+    QuotaDenial, QuotaMode, RateLimitPolicy,
+    backend::{batch::validate as validate_batch, notify},
 };
 
 use crate::error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError};

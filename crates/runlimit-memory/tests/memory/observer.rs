@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use runlimit_core::{
     AdmissionOutcome, Check, ConsumptionStatus, FixedWindowPolicy, Observation, Observer, QuotaMode,
-    ShardHeadroom,
+    backend::ShardHeadroom,
 };
 use runlimit_memory::{GcraStore, ManualClock, MemoryStore, MemoryStoreConfig};
 

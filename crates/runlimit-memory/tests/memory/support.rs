@@ -8,7 +8,7 @@ use std::{
 use runlimit_core::{
     AdmissionOperation, AdmissionOutcome, BatchDecision, BatchDecisionView, CleanupOutcome,
     ConsumptionStatus, Decision, DecisionView, Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Observation,
-    Observer, PolicyId, PolicySubject, RateLimitPolicy, ScopeId, ShardHeadroom,
+    Observer, PolicyId, PolicySubject, RateLimitPolicy, ScopeId, backend::ShardHeadroom,
 };
 
 pub(crate) fn hasher() -> KeyHasher {

@@ -53,11 +53,12 @@ mod migrations;
 
 use std::{fmt, time::Instant};
 
+use runlimit_core::backend::notify_attempt;
 use runlimit_core::{
     AttemptSubject, Delay,
     attempts::{
         AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptEvent, AttemptObservation,
-        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, notify_attempt,
+        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
     },
 };
 use sqlx::{AssertSqlSafe, Executor, PgConnection, PgPool, Row, postgres::PgRow};

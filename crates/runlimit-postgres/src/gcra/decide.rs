@@ -6,7 +6,7 @@
 
 use runlimit_core::{
     Denial, QuotaDenial, QuotaMode,
-    gcra::{self, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+    backend::gcra::{self, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
 };
 
 use crate::decide::Plan;

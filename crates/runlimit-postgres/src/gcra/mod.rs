@@ -196,7 +196,10 @@ impl Prepared {
         let specs: Vec<GcraSpec> = checks
             .iter()
             .zip(&keys)
-            .map(|(check, key)| GcraSpec { parameters: check.policy().gcra_parameters(), shard: key[32] })
+            .map(|(check, key)| GcraSpec {
+                parameters: runlimit_core::backend::gcra::GcraParameters::of(check.policy()),
+                shard: key[32],
+            })
             .collect();
         let mut shards: Vec<i16> = specs.iter().map(|spec| i16::from(spec.shard)).collect();
         shards.sort_unstable();

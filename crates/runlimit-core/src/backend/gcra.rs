@@ -3,7 +3,9 @@
 //! A pure function of the policy, the stored theoretical arrival time (TAT) and the current
 //! time in whole milliseconds. No floats: every instant is scaled by the quota Q, so the
 //! emission interval `T = P / Q` becomes exactly `P` scaled units and all state is an integer
-//! (`../shared/spec/gcra.md` §3).
+//! (the derivation: with `T = P / Q`, the classic test "allowed iff `now ≥ TAT − τ`" for a
+//! delay tolerance `τ = (B − 1)·T` becomes, for a cost `c`, `max(TAT, now) + c·T − now ≤ B·T`;
+//! multiplying by Q makes every term an integer).
 //!
 //! For a request of cost `c` at `now` (scaled `now_s = now_ms × Q`):
 //!
@@ -33,16 +35,16 @@
 //!
 //! # Examples
 //!
-//! The `V2` vector of `gcra.md`: Q = 3 per 1000 ms, burst 2 (T = 333⅓ ms).
+//! Q = 3 per 1000 ms, burst 2 (T = 333⅓ ms, not an integer: the reason for scaling).
 //!
 //! ```
 //! use std::time::Duration;
 //! use runlimit_core::{GcraPolicy, PolicyId, ScopeId};
-//! use runlimit_core::gcra::{evaluate, GcraOutcome};
+//! use runlimit_core::backend::gcra::{evaluate, GcraOutcome, GcraParameters};
 //!
 //! let policy = GcraPolicy::new(
 //!     PolicyId::new("api")?, ScopeId::new("client")?, 3, Duration::from_secs(1), 2)?;
-//! let parameters = policy.gcra_parameters();
+//! let parameters = GcraParameters::of(&policy);
 //! let GcraOutcome::Allowed { tat, remaining, replenish_after_millis, .. } =
 //!     evaluate(&parameters, None, 0, 1)? else { panic!() };
 //! assert_eq!((remaining, replenish_after_millis), (1, 334));
@@ -84,7 +86,10 @@ impl GcraParameters {
         Ok(Self { quota, period, burst })
     }
 
-    pub(crate) fn from_policy(policy: &GcraPolicy) -> Self {
+    /// The parameters of `policy` (validated when the policy was built).
+    #[inline]
+    #[must_use]
+    pub fn of(policy: &GcraPolicy) -> Self {
         Self { quota: policy.quota(), period: policy.period(), burst: policy.burst_capacity() }
     }
 

@@ -1,0 +1,166 @@
+//! What a memory store counts: anchored fixed windows or GCRA, each through its rule in
+//! [`runlimit_core::backend`].
+
+use std::convert::Infallible;
+
+use runlimit_core::{
+    FixedWindowPolicy, GcraPolicy, RateLimitPolicy,
+    backend::{
+        fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
+        gcra::{self, GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+    },
+};
+
+use crate::{
+    engine::Verdict,
+    error::{CheckFailure, Failure, GcraBatchError, GcraCheckError, MemoryBatchError, PoisonedShardError},
+    shard::Entry,
+};
+
+/// A policy type a [`ShardedStore`](crate::ShardedStore) can count:
+/// [`FixedWindowPolicy`] ([`MemoryStore`](crate::MemoryStore)) or [`GcraPolicy`]
+/// ([`GcraStore`](crate::GcraStore)).
+///
+/// Sealed: only this crate implements it, so a store only ever evaluates the rules of
+/// [`runlimit_core::backend`]. The associated types name each operation's error.
+pub trait MemoryAlgorithm: RateLimitPolicy + Sized + sealed::Algorithm {
+    /// Every way a single check can fail: [`PoisonedShardError`] for fixed windows,
+    /// [`GcraCheckError`] for GCRA.
+    type CheckError: std::error::Error + Send + Sync + 'static;
+    /// Every way an atomic batch can fail: [`MemoryBatchError`] for fixed windows,
+    /// [`GcraBatchError`] for GCRA.
+    type BatchError: std::error::Error + Send + Sync + 'static;
+}
+
+impl MemoryAlgorithm for FixedWindowPolicy {
+    type CheckError = PoisonedShardError;
+    type BatchError = MemoryBatchError;
+}
+
+impl MemoryAlgorithm for GcraPolicy {
+    type CheckError = GcraCheckError;
+    type BatchError = GcraBatchError;
+}
+
+#[expect(
+    private_interfaces,
+    unnameable_types,
+    reason = "the sealed half of `MemoryAlgorithm`: only this crate implements and calls it"
+)]
+pub(crate) mod sealed {
+    use super::*;
+
+    /// How one check changes one stored entry, and how the engine's failures narrow to the
+    /// policy's public error types.
+    pub trait Algorithm: RateLimitPolicy + Sized {
+        /// Why the rule may refuse to decide.
+        type Error;
+
+        /// Evaluates one unit-cost check at `now` (store milliseconds) against the key's live
+        /// entry (`None`: no entry, or an expired one).
+        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, Self::Error>;
+
+        /// The public error of a failed single check.
+        fn check_error(failure: CheckFailure<Self::Error>) -> <Self as MemoryAlgorithm>::CheckError
+        where
+            Self: MemoryAlgorithm;
+
+        /// The public error of a failed batch.
+        fn batch_error(failure: Failure<Self::Error>) -> <Self as MemoryAlgorithm>::BatchError
+        where
+            Self: MemoryAlgorithm;
+    }
+
+    /// Anchored fixed windows: an entry is `(window deadline, units used)`, decided by
+    /// [`fixed_window::evaluate`].
+    impl Algorithm for FixedWindowPolicy {
+        type Error = Infallible;
+
+        #[inline]
+        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, Infallible> {
+            // A stored entry always holds at least one used unit; an entry that somehow held
+            // none would count as no window.
+            let stored = live.and_then(|entry| Window::new(entry.expires_at, entry.value).ok());
+            Ok(match fixed_window::evaluate(&FixedWindowParameters::of(self), stored, now) {
+                FixedWindowOutcome::Allowed { allowance, window, .. } => Verdict::Allowed {
+                    allowance,
+                    next: Entry { expires_at: window.deadline_ms(), value: window.used() },
+                },
+                FixedWindowOutcome::Exhausted(denial) => Verdict::Exhausted(denial),
+            })
+        }
+
+        fn check_error(failure: CheckFailure<Infallible>) -> PoisonedShardError {
+            match failure {
+                CheckFailure::Poisoned(error) => error,
+                CheckFailure::Evaluation(never) => match never {},
+            }
+        }
+
+        fn batch_error(failure: Failure<Infallible>) -> MemoryBatchError {
+            match failure.into_storage() {
+                Ok(error) => error,
+                Err((_, never)) => match never {},
+            }
+        }
+    }
+
+    /// GCRA through [`gcra::evaluate`].
+    ///
+    /// An entry stores the scaled theoretical arrival time `tat` (milliseconds × Q) exactly,
+    /// as `expires_at = ⌈tat / Q⌉` (the first millisecond at which the subject is fully
+    /// rested, so the entry's expiry) and `deficit = expires_at × Q − tat` (in `0..Q`). Both fit
+    /// 64 bits, and neither storing nor restoring needs a division: `expires_at` is `now +
+    /// replenish_after` from the evaluator (because `now × Q` is a multiple of Q), and `tat =
+    /// expires_at × Q − deficit`.
+    impl Algorithm for GcraPolicy {
+        type Error = GcraError;
+
+        #[inline]
+        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, GcraError> {
+            let parameters = GcraParameters::of(self);
+            let quota = u128::from(parameters.quota().get());
+            let tat = match live {
+                // expires_at < 2⁶⁴ and Q ≤ MAX_LIMIT < 2⁶³: the product is below 2¹²⁷.
+                Some(entry) => Some(
+                    (u128::from(entry.expires_at) * quota)
+                        .checked_sub(u128::from(entry.value))
+                        .map(TheoreticalArrivalTime::from_scaled)
+                        .ok_or(GcraError::StateOutOfRange)?,
+                ),
+                None => None,
+            };
+            let outcome = gcra::evaluate(&parameters, tat, now, 1)?;
+            match outcome {
+                GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
+                    let expires_at =
+                        now.checked_add(replenish_after_millis).ok_or(GcraError::StateOutOfRange)?;
+                    let deficit = (u128::from(expires_at) * quota)
+                        .checked_sub(tat.scaled())
+                        .and_then(|deficit| u64::try_from(deficit).ok())
+                        .ok_or(GcraError::StateOutOfRange)?;
+                    let allowance = outcome.allowance(&parameters).ok_or(GcraError::StateOutOfRange)?;
+                    Ok(Verdict::Allowed { allowance, next: Entry { expires_at, value: deficit } })
+                }
+                GcraOutcome::Denied { .. } => outcome
+                    .quota_denial(&parameters)
+                    .map(Verdict::Exhausted)
+                    .ok_or(GcraError::StateOutOfRange),
+            }
+        }
+
+        fn check_error(failure: CheckFailure<GcraError>) -> GcraCheckError {
+            match failure {
+                CheckFailure::Poisoned(source) => source.into(),
+                CheckFailure::Evaluation(source) => GcraCheckError::Evaluation { source },
+            }
+        }
+
+        fn batch_error(failure: Failure<GcraError>) -> GcraBatchError {
+            match failure.into_storage() {
+                Ok(source) => source.into(),
+                Err((index, source)) => GcraBatchError::Evaluation { index, source },
+            }
+        }
+    }
+}
