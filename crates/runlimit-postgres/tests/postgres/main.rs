@@ -10,9 +10,11 @@
 //!     cargo test -p runlimit-postgres --all-features -- --include-ignored
 //! ```
 
+mod clock;
 mod support;
 
 mod capacity;
+mod clock_tests;
 mod differential;
 mod faults;
 mod migrations;
