@@ -67,7 +67,10 @@ pub trait AttemptBackend: Sized {
         F: AsyncFnOnce(&mut Self);
 
     /// Admits an attempt or says why not; panics on a backend error.
-    fn acquire(&mut self, subject: &AttemptSubject<'_>) -> impl Future<Output = AttemptDecision<Self::Receipt>>;
+    fn acquire(
+        &mut self,
+        subject: &AttemptSubject<'_>,
+    ) -> impl Future<Output = AttemptDecision<Self::Receipt>>;
 
     /// Completes a receipt; panics on a backend error.
     fn complete(
@@ -85,5 +88,6 @@ pub trait AttemptBackend: Sized {
 
     /// `count` distinct normalized subjects (inputs to [`KeyHasher::hash_attempt_for`]) whose
     /// keys under `policy` and `hasher` share one storage shard of this backend.
-    fn subjects_in_one_shard(&self, hasher: &KeyHasher, policy: &AttemptPolicy, count: usize) -> Vec<Vec<u8>>;
+    fn subjects_in_one_shard(&self, hasher: &KeyHasher, policy: &AttemptPolicy, count: usize)
+    -> Vec<Vec<u8>>;
 }
