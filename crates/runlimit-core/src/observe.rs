@@ -8,6 +8,7 @@ use std::{
 
 use crate::{
     backend::ShardHeadroom,
+    decision::{BatchDecision, BatchDecisionView, Decision, DecisionView, Denial},
     id::{PolicyId, ScopeId},
     policy::{PolicyFingerprint, RateLimitPolicy},
 };
@@ -50,6 +51,33 @@ impl<O: Observer + ?Sized> Observer for &O {
 /// admission result. Returns `false` when the observer panicked.
 pub fn notify<O: Observer + ?Sized>(observer: &O, observation: &Observation<'_>) -> bool {
     catch_unwind(AssertUnwindSafe(|| observer.observe(observation))).is_ok()
+}
+
+/// The [`AdmissionOutcome`] of a single check's decision.
+#[must_use]
+pub fn admission_outcome(decision: &Decision) -> AdmissionOutcome {
+    match decision.view() {
+        DecisionView::Allowed { .. } => AdmissionOutcome::Allowed,
+        DecisionView::ShadowDenied { .. } => AdmissionOutcome::ShadowDenied,
+        DecisionView::Denied { denial } => denial_outcome(denial),
+    }
+}
+
+/// The [`AdmissionOutcome`] of a batch decision.
+#[must_use]
+pub fn batch_admission_outcome(decision: &BatchDecision) -> AdmissionOutcome {
+    match decision.view() {
+        BatchDecisionView::Allowed { .. } => AdmissionOutcome::Allowed,
+        BatchDecisionView::ShadowDenied { .. } => AdmissionOutcome::ShadowDenied,
+        BatchDecisionView::Denied { denial, .. } => denial_outcome(denial),
+    }
+}
+
+fn denial_outcome(denial: &Denial) -> AdmissionOutcome {
+    match denial {
+        Denial::QuotaExceeded(_) => AdmissionOutcome::QuotaExceeded,
+        Denial::StorageCapacity { .. } => AdmissionOutcome::StorageCapacity,
+    }
 }
 
 /// One observation. Exhaustive: an observer that maps outcomes to metrics names every

@@ -184,16 +184,16 @@ pub use crate::store::{ShardedStore, ShardedStoreBuilder};
 
 /// A sharded, hard-bounded, process-local store of anchored fixed windows.
 ///
-/// Each [`FixedWindowPolicy`] subject gets a window that starts at its first allowed check and
+/// Each [`FixedWindowPolicy`](runlimit_core::FixedWindowPolicy) subject gets a window that starts at its first allowed check and
 /// lasts the policy's window; at most `limit` checks are allowed in it. Windows are not
 /// aligned to wall-clock boundaries. At the deadline (not a millisecond before) the window is
 /// over, and the next allowed check anchors a new one at its own time.
 ///
 /// | outcome | values |
 /// |---|---|
-/// | allowed | [`Allowance`] with `capacity` = limit, `available` = limit − used (after this check), `replenishes_after` = deadline − now |
-/// | quota exceeded | [`QuotaDenial`] with `capacity` = limit, `retry_after` = deadline − now; nothing consumed |
-/// | shadow policy exhausted | the same [`QuotaDenial`], shadow-denied; nothing consumed |
+/// | allowed | [`Allowance`](runlimit_core::Allowance) with `capacity` = limit, `available` = limit − used (after this check), `replenishes_after` = deadline − now |
+/// | quota exceeded | [`QuotaDenial`](runlimit_core::QuotaDenial) with `capacity` = limit, `retry_after` = deadline − now; nothing consumed |
+/// | shadow policy exhausted | the same [`QuotaDenial`](runlimit_core::QuotaDenial), shadow-denied; nothing consumed |
 /// | new key, shard full | [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity) in every quota mode |
 ///
 /// All times are whole milliseconds of the store's [`Clock`], read once per operation, so

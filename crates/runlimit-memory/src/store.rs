@@ -7,9 +7,9 @@ use std::fmt;
 use quanta::Instant;
 
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
-    BatchDecisionView, Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, DecisionView,
-    Denial, Limiter, Observation, Observer, backend::notify,
+    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check,
+    CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Limiter, Observation, Observer,
+    backend::{admission_outcome, batch_admission_outcome, notify},
 };
 
 use crate::{
@@ -47,29 +47,6 @@ pub struct ShardedStoreBuilder<P, C = SystemClock, O = ()> {
     clock: C,
     observer: Option<O>,
     algorithm: std::marker::PhantomData<fn() -> P>,
-}
-
-fn decision_outcome(decision: &Decision) -> AdmissionOutcome {
-    match decision.view() {
-        DecisionView::Allowed { .. } => AdmissionOutcome::Allowed,
-        DecisionView::ShadowDenied { .. } => AdmissionOutcome::ShadowDenied,
-        DecisionView::Denied { denial } => denial_outcome(denial),
-    }
-}
-
-fn batch_outcome(decision: &BatchDecision) -> AdmissionOutcome {
-    match decision.view() {
-        BatchDecisionView::Allowed { .. } => AdmissionOutcome::Allowed,
-        BatchDecisionView::ShadowDenied { .. } => AdmissionOutcome::ShadowDenied,
-        BatchDecisionView::Denied { denial, .. } => denial_outcome(denial),
-    }
-}
-
-fn denial_outcome(denial: &Denial) -> AdmissionOutcome {
-    match denial {
-        Denial::QuotaExceeded(_) => AdmissionOutcome::QuotaExceeded,
-        Denial::StorageCapacity { .. } => AdmissionOutcome::StorageCapacity,
-    }
 }
 
 fn saturating_u64(value: usize) -> u64 {
@@ -186,7 +163,7 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
     /// Before evaluating, removes at most
     /// [`expired_removals_per_check`](MemoryStoreConfig::expired_removals_per_check) expired
     /// entries from the key's shard. A new key that does not fit its full shard is denied with
-    /// [`Denial::StorageCapacity`], whose `retry_after` is the time until the shard's earliest
+    /// [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity), whose `retry_after` is the time until the shard's earliest
     /// expiry when the store knows it.
     ///
     /// # Errors
@@ -202,7 +179,7 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
         let result = self.engine.check::<P>(check, clock::millis(&self.clock), started.is_some());
         if let (Some(observer), Some(started)) = (&self.observer, started) {
             let operation = |_| AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
-            observe(observer, started, operation, &result, decision_outcome);
+            observe(observer, started, operation, &result, admission_outcome);
         }
         result.map(|report| report.decision).map_err(P::check_error)
     }
@@ -243,7 +220,7 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
                     .and_then(|index| checks.get(index))
                     .map(|check| AdmissionPolicy::of(check.policy())),
             };
-            observe(observer, started, operation, &result, batch_outcome);
+            observe(observer, started, operation, &result, batch_admission_outcome);
         }
         result.map(|report| report.decision).map_err(P::batch_error)
     }

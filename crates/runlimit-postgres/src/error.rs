@@ -240,7 +240,7 @@ redacted_debug!(CheckError);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BatchCheckError {
-    /// The batch was rejected by [`runlimit_core::validate_batch`] before any database work
+    /// The batch was rejected by [`validate`](runlimit_core::backend::batch::validate) before any database work
     /// (empty, more than [`PostgresLimiter::MAX_BATCH_SIZE`](crate::PostgresLimiter::MAX_BATCH_SIZE)
     /// checks, mixed quota modes, duplicate counter keys). Nothing was consumed and no
     /// connection was acquired.
@@ -410,8 +410,8 @@ pub(crate) fn is_server_timeout(error: &sqlx::Error) -> bool {
 
 /// Errors PostgreSQL only reports for a `COMMIT` after rolling the transaction back:
 /// integrity constraint violations (class 23, deferred constraints) and transaction rollbacks
-/// (class 40, serialization failure or deadlock). Everything else leaves the outcome unknown
-/// (`../shared/spec/sqlx-postgres.md` §6).
+/// (class 40, serialization failure or deadlock). Everything else leaves the outcome unknown:
+/// the connection may have failed after the server committed.
 pub(crate) fn commit_definitely_rolled_back(error: &sqlx::Error) -> bool {
     sqlstate(error).is_some_and(|code| code.starts_with("23") || code.starts_with("40"))
 }

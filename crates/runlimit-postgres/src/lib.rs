@@ -1,24 +1,27 @@
-//! Replica-safe anchored fixed windows on PostgreSQL: a [`Limiter`](runlimit_core::Limiter)
-//! whose quota is shared by every replica connected to the same database.
+//! Replica-safe rate limiting on PostgreSQL with SQLx: anchored fixed windows, GCRA and
+//! attempt limiting, each shared by every replica connected to the same database.
 //!
-//! [`PostgresLimiter`] implements the same anchored fixed-window semantics as
-//! `runlimit_memory::MemoryStore` on a SQLx [`PgPool`](sqlx::PgPool): the first allowed check
-//! of a key anchors a window of the policy's length, denied and shadow-denied checks consume
-//! nothing, and an allowed batch commits every member in one transaction. PostgreSQL is the
-//! authority for time (`pg_catalog.clock_timestamp()`), keys are locked in a deterministic order
-//! with `pg_advisory_xact_lock(bigint)`, and an admission costs a fixed number of round trips
-//! whatever the batch size. Cardinality is hard-bounded by 256 capacity shards whose row counts
-//! a trigger-maintained ledger enforces even for writers that bypass the library. Every
-//! database failure fails closed and says whether quota may have been consumed.
+//! - [`PostgresLimiter`] implements the same anchored fixed-window semantics as
+//!   `runlimit_memory::MemoryStore` on a SQLx [`PgPool`](sqlx::PgPool): the first allowed
+//!   check of a key anchors a window of the policy's length, denied and shadow-denied checks
+//!   consume nothing, and an allowed batch commits every member in one transaction. Keys are
+//!   locked in a deterministic order with `pg_advisory_xact_lock(bigint)`, and an admission
+//!   costs a fixed number of round trips whatever the batch size.
+//! - [`PostgresGcraLimiter`] shares a continuously replenished GCRA quota the same way and
+//!   decides exactly like `runlimit_memory::GcraStore`, fed with whole-millisecond database
+//!   time clamped to a committed per-shard watermark. It has its own tables and migration
+//!   stream ([`GCRA_MIGRATOR`], [`CREATE_RUNLIMIT_GCRA_SQL`],
+//!   [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]).
+//! - [`attempts::PostgresAttemptLimiter`] admits at most one active attempt per subject with
+//!   exponential backoff after failures, with a seam for completing an attempt inside an
+//!   application-owned transaction. Its own tables and migration stream too.
 //!
-//! [`PostgresGcraLimiter`] shares a continuously replenished GCRA quota the same way: it
-//! implements [`Limiter`](runlimit_core::Limiter) with
-//! [`GcraPolicy`](runlimit_core::GcraPolicy) and decides exactly like
-//! `runlimit_memory::GcraStore`, through the shared evaluator [`runlimit_core::gcra`], fed with
-//! whole-millisecond database time clamped to a committed per-shard watermark. It has its own
-//! tables and its own migration stream ([`GCRA_MIGRATOR`], [`CREATE_RUNLIMIT_GCRA_SQL`],
-//! [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]); fixed-window users need no schema or workflow
-//! change. Its type docs describe the GCRA v1 protocol, capacity and cleanup.
+//! The first two are one type, [`PostgresStore`], generic over the policy it counts; all three
+//! share one transaction skeleton and decide by the rules every Runlimit backend applies
+//! (`runlimit_core::backend`). PostgreSQL is the authority for time
+//! (`pg_catalog.clock_timestamp()`, sampled after every lock). Cardinality is hard-bounded by
+//! 256 capacity shards whose row counts the database enforces even for writers that bypass the
+//! library. Every database failure fails closed and says whether quota may have been consumed.
 //!
 //! # Example
 //!
@@ -93,16 +96,17 @@
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-mod admission;
 pub mod attempts;
 mod config;
-mod decide;
 mod error;
+mod fixed_window;
 mod gcra;
-mod limiter;
 mod migrations;
+mod observe;
 pub mod operations;
-mod protocol;
+mod script;
+mod store;
+mod transaction;
 
 pub use crate::config::{
     CAPACITY_SHARDS, ConfigError, MAX_ROWS_PER_SHARD, MAX_TIMEOUT, MAX_TIMEOUT_MILLIS, PostgresConfig,
@@ -110,15 +114,191 @@ pub use crate::config::{
 pub use crate::error::{
     BatchCheckError, CheckError, CheckPhase, MaintenanceError, MaintenancePhase, MigrationError,
 };
-pub use crate::gcra::{
-    PostgresGcraLimiter,
-    migrations::{
-        CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR,
-        INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
-    },
-};
-pub use crate::limiter::PostgresLimiter;
-pub use crate::migrations::{
+pub use crate::fixed_window::migrations::{
     BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL, CREATE_RUNLIMIT_FIXED_WINDOWS_SQL, MIGRATION_VERSIONS,
     MIGRATOR, SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
 };
+pub use crate::gcra::migrations::{
+    CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+};
+pub use crate::store::{PostgresAlgorithm, PostgresStore};
+
+/// Anchored fixed-window rate limiting stored in PostgreSQL and shared by every replica using
+/// the same database.
+///
+/// Implements [`Limiter`](runlimit_core::Limiter) with
+/// [`FixedWindowPolicy`](runlimit_core::FixedWindowPolicy), with the same semantics as
+/// `runlimit_memory::MemoryStore`: the first allowed check of a key anchors a window of the
+/// policy's length; checks inside it count against the limit; denied and shadow-denied checks
+/// consume nothing; an allowed batch commits every member in one transaction and a denied
+/// batch consumes nothing. Every decision is `runlimit_core::backend::fixed_window` and the
+/// batch rule of `runlimit_core::backend::batch`, the rules every backend applies. The methods
+/// are [`PostgresStore`]'s.
+///
+/// # Protocol
+///
+/// Each admission is one `READ COMMITTED` transaction of a fixed number of SQL round trips,
+/// whatever the batch size (see [`CheckPhase`] for the phases): begin, lock every key's
+/// advisory lock in ascending lock-id order, preflight (read and row-lock the counters, then
+/// sample `pg_catalog.clock_timestamp()`), reserve (only when a key has no row: lock the
+/// capacity ledger rows of the new keys' shards in ascending order), then — only when allowed —
+/// update, and commit. The decision is built in Rust from the preflight and reserve responses
+/// before anything is written; a denial rolls back a transaction that wrote nothing.
+///
+/// PostgreSQL is the authority for time. Delays are measured at the clock sample and may
+/// overstate the remaining time at the caller by commit and transport latency.
+///
+/// # Time
+///
+/// PostgreSQL is the authority: each admission samples `pg_catalog.clock_timestamp()` after
+/// its locks. The rule works in whole milliseconds: the sample is truncated to the
+/// millisecond, a new window is anchored at it, and a stored window end with a sub-millisecond
+/// part (written by a release that anchored at the microsecond) is rounded up, so a window
+/// never ends early. Delays are whole milliseconds measured at the clock sample and may
+/// overstate the remaining time at the caller by commit and transport latency.
+///
+/// # Cleanup
+///
+/// Expiry does not free a capacity slot: [`cleanup_expired`](PostgresStore::cleanup_expired)
+/// must delete a row first. Its pass is one transaction and one `DELETE`: the clock is sampled
+/// once (so the expiry predicate is an index range condition and finding nothing expired costs
+/// one index probe), rows an admission currently holds are skipped, and the affected ledger
+/// rows are locked in ascending shard order. A new key in a full shard is denied with
+/// [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity) without a delay.
+///
+/// # Cancel safety
+///
+/// See [`PostgresStore`](PostgresStore#cancel-safety).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use runlimit_core::{Check, FixedWindowPolicy, KeyHasher, PolicyId, ScopeId};
+/// use runlimit_postgres::{PostgresConfig, PostgresLimiter};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .max_connections(16)
+///     .connect("postgres://app@db.internal/app")
+///     .await?;
+/// let limiter = PostgresLimiter::new(pool)
+///     .with_config(PostgresConfig::default().with_operation_timeout(Duration::from_millis(500))?);
+/// limiter.migrate().await?;
+///
+/// let policy = FixedWindowPolicy::new(
+///     PolicyId::new("auth.login")?, ScopeId::new("identity")?, 8, Duration::from_secs(60))?;
+/// let hasher = KeyHasher::new(&[7u8; 32])?;
+/// let decision = limiter.check(&Check::new(hasher.hash_for(&policy, b"user@example.test"))).await?;
+/// if !decision.permits_request() {
+///     // reject
+/// }
+/// # Ok(())
+/// # }
+/// # let _ = run;
+/// ```
+pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolicy, O>;
+
+/// GCRA (continuously replenished) rate limiting stored in PostgreSQL and shared by every
+/// replica using the same database.
+///
+/// Implements [`Limiter`](runlimit_core::Limiter) with [`GcraPolicy`](runlimit_core::GcraPolicy)
+/// and accepts the same policy-bound checks as
+/// `runlimit_memory::GcraStore`, with the same decisions: each check costs one unit, `quota`
+/// units replenish continuously over each `period`, a rested subject may spend up to
+/// `burst_capacity` at once. Decisions come from `runlimit_core::backend::gcra::evaluate`, the
+/// exact scaled-integer evaluator `GcraStore` uses, and the batch rule of
+/// `runlimit_core::backend::batch`: retry and replenishment durations round up to whole
+/// milliseconds, unit counts round down. The methods are [`PostgresStore`]'s.
+///
+/// | outcome | values |
+/// |---|---|
+/// | allowed | [`Allowance`](runlimit_core::Allowance): `capacity` = burst capacity, `available` = units spendable immediately, `replenishes_after` = time until fully rested |
+/// | quota exceeded | [`QuotaDenial`](runlimit_core::QuotaDenial): `capacity` = burst capacity, `retry_after` = earliest whole millisecond the check fits; nothing consumed |
+/// | shadow policy exhausted | the same denial, shadow-denied; nothing consumed |
+/// | new key, shard full | [`Denial::StorageCapacity`](runlimit_core::Denial::StorageCapacity) without a delay, in every quota mode (only cleanup frees a slot) |
+///
+/// # Time
+///
+/// PostgreSQL is the authority: each admission samples `pg_catalog.clock_timestamp()` after
+/// its locks and truncates it to whole milliseconds since the Unix epoch
+/// (`floor(extract(epoch from ..) * 1000)`, exact since PostgreSQL 14 returns `numeric`). Each
+/// of the 256 capacity shards keeps a committed time watermark, the latest time an allowed
+/// admission or a cleanup of that shard used; an operation evaluates at the later of its clock
+/// sample and the watermarks of the shards it locked, so a backwards clock step never
+/// replenishes quota early or makes a row expire sooner. Delays are measured at
+/// the clock sample and may conservatively include later commit and transport latency.
+///
+/// # Protocol (GCRA v1)
+///
+/// One `READ COMMITTED` transaction of two round trips whatever the batch size: begin, the
+/// transaction-local settings, lock the ledger rows of every shard the batch touches in
+/// ascending shard order (`FOR UPDATE`, before any counter is read or written, including for
+/// keys without a row), read the stored arrival times and sample the clock, decide in Rust,
+/// then — only when allowed — advance the watermarks, update or insert every member, and commit
+/// in input order together. A denial rolls back a transaction that wrote nothing. Locking the
+/// shard rather than the key deliberately serializes keys of the same shard. The shard of a key
+/// (byte 32 of the counter key) and the locking order are persistent protocol and cannot change
+/// in place during a rolling deploy. [`CheckPhase`] names the phases: `Begin` (begin and
+/// settings), `Lock` (ledger rows), `Preflight` (read and clock), `Update` (the writes).
+///
+/// # Capacity
+///
+/// 256 shards of at most [`MAX_ROWS_PER_SHARD`] (65,536) rows,
+/// enforced by the database for every writer, with the lower operational bound
+/// [`PostgresConfig::maximum_rows_per_shard`] (4,096 by default) checked under the shard lock.
+/// A row expires once its key is fully rested; an expired row still occupies its slot until
+/// [`cleanup_expired`](PostgresStore::cleanup_expired) deletes it, but stays reusable by its own
+/// key. Active rows are never evicted.
+///
+/// # Cleanup
+///
+/// One transaction of three round trips. Discovery probes the `(capacity_shard,
+/// expires_at_ms)` index once per shard (at most 256 index probes), each under that shard's
+/// clamped clock `max(clock, watermark)`, and locks the ledger rows of the shards with an
+/// expired row in ascending shard order, skipping shards an admission or another cleanup holds
+/// (`SKIP LOCKED`). Deletion then reads at most `maximum_rows` eligible rows per locked shard
+/// (index range scans; active rows lie outside them), deletes the globally oldest
+/// `maximum_rows` of those and advances the locked shards' watermarks to the time it used, so a
+/// later backwards clock step cannot treat a deleted key as rested early. The transaction sets
+/// `enable_seqscan = off` locally so this bounded index plan is chosen whatever the table
+/// statistics (a small or unanalyzed table otherwise gets sequential scans). Phases:
+/// [`MaintenancePhase::Begin`] covers begin, settings and discovery,
+/// [`MaintenancePhase::Delete`] the deletion.
+///
+/// # Cancel safety
+///
+/// See [`PostgresStore`](PostgresStore#cancel-safety): nothing happens until the future is
+/// first polled; dropping it before `COMMIT` is sent rolls back; dropping it while `COMMIT` is
+/// in flight leaves the outcome unknown.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use runlimit_core::{Check, GcraPolicy, KeyHasher, PolicyId, ScopeId};
+/// use runlimit_postgres::PostgresGcraLimiter;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .max_connections(16)
+///     .connect("postgres://app@db.internal/app")
+///     .await?;
+/// let limiter = PostgresGcraLimiter::new(pool);
+/// limiter.migrate().await?;
+///
+/// let policy = GcraPolicy::new(
+///     PolicyId::new("api.read")?, ScopeId::new("client")?, 10, Duration::from_secs(1), 20)?;
+/// let hasher = KeyHasher::new(&[7u8; 32])?;
+/// let check = Check::new(hasher.hash_for(&policy, b"client-network:192.0.2.4"));
+/// if !limiter.check(&check).await?.permits_request() {
+///     // reject
+/// }
+/// // Periodically, for example every few seconds:
+/// let removed = limiter.cleanup_expired(1_000).await?;
+/// # let _ = removed;
+/// # Ok(())
+/// # }
+/// # let _ = run;
+/// ```
+pub type PostgresGcraLimiter<O = ()> = PostgresStore<runlimit_core::GcraPolicy, O>;

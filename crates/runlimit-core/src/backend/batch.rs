@@ -46,7 +46,7 @@
 use crate::{
     batch::BatchError,
     check::Check,
-    decision::{Allowance, BatchDecision, BatchDecisionError, Denial, QuotaDenial},
+    decision::{Allowance, BatchDecision, BatchDecisionError, Decision, Denial, QuotaDenial},
     delay::Delay,
     key::CounterKey,
     policy::{QuotaMode, RateLimitPolicy},
@@ -250,6 +250,18 @@ impl BatchDenial {
                 Denial::StorageCapacity { retry_after: storage_retry_after },
             ),
             Reason::Quota(denial) => BatchDecision::quota_exceeded(self.index, batch_size, denial, self.mode),
+        }
+    }
+
+    /// The same denial as the decision of a single check (a batch of one), for a backend that
+    /// decides single checks with the batch rule: [`Denial::StorageCapacity`] with
+    /// `storage_retry_after`, an enforced [`Denial::QuotaExceeded`], or a shadow denial.
+    #[inline]
+    #[must_use]
+    pub fn into_check_decision(self, storage_retry_after: Option<Delay>) -> Decision {
+        match self.reason {
+            Reason::Storage => Decision::denied(Denial::StorageCapacity { retry_after: storage_retry_after }),
+            Reason::Quota(denial) => Decision::quota_exceeded(denial, self.mode),
         }
     }
 }

@@ -27,6 +27,8 @@
 //!
 //! - [`notify`] and [`notify_attempt`] deliver observations while isolating observer panics,
 //!   so telemetry can never change a result;
+//! - [`admission_outcome`] and [`batch_admission_outcome`] classify a decision for its
+//!   observation;
 //! - [`ShardHeadroom`] is the per-shard occupancy a bounded store reports to observers.
 
 pub mod attempts;
@@ -36,7 +38,7 @@ pub mod gcra;
 
 use crate::attempts::{AttemptObservation, AttemptObserver};
 
-pub use crate::observe::notify;
+pub use crate::observe::{admission_outcome, batch_admission_outcome, notify};
 
 /// Delivers an attempt `observation` to `observer`, catching a panic so telemetry can never
 /// change an attempt result. Returns `false` when the observer panicked.

@@ -26,13 +26,6 @@ pub const ATTEMPTS_MIGRATION_VERSIONS: [i64; 1] = [20_250_801_000_001];
 /// other migrators' versions.
 pub static ATTEMPTS_MIGRATOR: Migrator = sqlx::migrate!("./attempts-migrations");
 
-/// A copy of [`ATTEMPTS_MIGRATOR`] with `ignore_missing` set, for a shared history.
-pub(crate) fn attempts_shared_history_migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(ATTEMPTS_MIGRATOR.iter().cloned().collect());
-    migrator.set_ignore_missing(true);
-    migrator
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,6 +38,6 @@ mod tests {
         assert_eq!(migrations[0].description, "create runlimit attempts");
         assert_eq!(migrations[0].sql.as_str(), CREATE_RUNLIMIT_ATTEMPTS_SQL);
         assert!(!ATTEMPTS_MIGRATOR.ignore_missing);
-        assert!(attempts_shared_history_migrator().ignore_missing);
+        assert!(crate::migrations::shared_history(&ATTEMPTS_MIGRATOR).ignore_missing);
     }
 }

@@ -6,9 +6,11 @@
 //!
 //! One row of `public.runlimit_attempts` per subject with failure state or a lease (see
 //! [`CREATE_RUNLIMIT_ATTEMPTS_SQL`]), installed by its own [`ATTEMPTS_MIGRATOR`]; fixed-window
-//! and GCRA consumers need no new tables. The state machine is the one of
-//! `runlimit_memory::MemoryAttemptLimiter`, evaluated in whole milliseconds of the server clock
-//! (`pg_catalog.clock_timestamp()`, sampled after every lock the operation takes):
+//! and GCRA consumers need no new tables. The state machine is `runlimit_core::backend::attempts`,
+//! the one `runlimit_memory::MemoryAttemptLimiter` runs too, evaluated in whole milliseconds of
+//! the server clock (`pg_catalog.clock_timestamp()`, sampled after every lock the operation
+//! takes, truncated exactly to the millisecond; a stored `i64::MAX` instant is the rules'
+//! never-passing saturated instant):
 //!
 //! - a lease whose deadline has passed counts as a failure at its deadline (evaluated lazily,
 //!   identically by every operation, so it needs no background job);
@@ -50,85 +52,63 @@
 //! ([`StagedAttemptCompletion`]) until the host commits.
 
 mod migrations;
+mod sql;
 
 use std::{fmt, time::Instant};
 
-use runlimit_core::backend::notify_attempt;
 use runlimit_core::{
     AttemptSubject, Delay,
     attempts::{
         AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptEvent, AttemptObservation,
         AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
     },
+    backend::{
+        attempts::{self as rules, AttemptState, Completion},
+        notify_attempt,
+    },
 };
-use sqlx::{AssertSqlSafe, Executor, PgConnection, PgPool, Row, postgres::PgRow};
+use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
 use tokio::time::timeout_at;
 
 pub use self::migrations::{ATTEMPTS_MIGRATION_VERSIONS, ATTEMPTS_MIGRATOR, CREATE_RUNLIMIT_ATTEMPTS_SQL};
 use crate::{
     config::PostgresConfig,
-    error::{
-        CheckError, CheckPhase, MigrationError, commit_definitely_rolled_back, is_server_timeout, sqlstate,
-    },
-    limiter::{Lease as PooledConnection, acquire},
+    error::{CheckError, CheckPhase, MigrationError, sqlstate},
     migrations::run_migrator,
-    protocol,
+    transaction::{self, Ending, sqlx_failure},
 };
 
 /// Expired rows a new subject's admission may delete from its shard.
 pub const RECLAIMED_ROWS_PER_ADMISSION: i64 = 16;
 
-const NOW_MS: &str = "SELECT pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint AS now_ms";
-const LOCK_SHARD: &str =
-    "SELECT capacity_shard FROM public.runlimit_attempt_shards WHERE capacity_shard = $1 FOR UPDATE";
-const READ_ROW: &str = "SELECT consecutive_failures, last_failure_at_ms, lease_token, lease_deadline_ms, \
-     COALESCE(claim_xid = pg_catalog.pg_current_xact_id_if_assigned(), false) AS same_transaction \
-     FROM public.runlimit_attempts WHERE attempt_key = $1 FOR UPDATE";
-/// The admission read: like [`READ_ROW`] but skipping a row another transaction has locked
-/// (a host transaction holding a claim, or a completion in flight), so admission never waits
-/// on application work while it holds its shard lock.
-const READ_ROW_SKIP_LOCKED: &str = "SELECT consecutive_failures, last_failure_at_ms, lease_token, \
-     lease_deadline_ms, false AS same_transaction \
-     FROM public.runlimit_attempts WHERE attempt_key = $1 FOR UPDATE SKIP LOCKED";
-/// Whether a row skipped by [`READ_ROW_SKIP_LOCKED`] exists, and its committed lease deadline.
-const LOCKED_ROW: &str = "SELECT lease_deadline_ms FROM public.runlimit_attempts WHERE attempt_key = $1";
-const RECLAIM: &str = "DELETE FROM public.runlimit_attempts WHERE attempt_key IN (\
-     SELECT attempt_key FROM public.runlimit_attempts \
-     WHERE capacity_shard = $1 AND expires_at_ms <= $2 AND expires_at_ms < 9223372036854775807 \
-     ORDER BY expires_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED)";
-const FREE_SLOT: &str = "SELECT slot::integer AS slot FROM pg_catalog.generate_series(0, $2 - 1) AS slot \
-     WHERE NOT EXISTS (SELECT 1 FROM public.runlimit_attempts AS a \
-     WHERE a.capacity_shard = $1 AND a.capacity_slot = slot) LIMIT 1";
-const EARLIEST_EXPIRY: &str = "SELECT pg_catalog.min(expires_at_ms) AS earliest FROM public.runlimit_attempts WHERE capacity_shard = $1";
-const INSERT: &str = "INSERT INTO public.runlimit_attempts (attempt_key, capacity_shard, capacity_slot, \
-     consecutive_failures, last_failure_at_ms, lease_token, lease_deadline_ms, claim_xid, expires_at_ms) \
-     VALUES ($1, $2, $3, 0, $4, pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), $5, NULL, $6) \
-     RETURNING lease_token";
-const ADMIT: &str = "UPDATE public.runlimit_attempts SET consecutive_failures = $2, last_failure_at_ms = $3, \
-     lease_token = pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), lease_deadline_ms = $4, \
-     claim_xid = NULL, expires_at_ms = $5 WHERE attempt_key = $1 RETURNING lease_token";
-const RECORD_FAILURE: &str = "UPDATE public.runlimit_attempts SET consecutive_failures = $2, \
-     last_failure_at_ms = $3, lease_token = NULL, lease_deadline_ms = NULL, claim_xid = NULL, \
-     expires_at_ms = $4 WHERE attempt_key = $1";
-const DELETE: &str = "DELETE FROM public.runlimit_attempts WHERE attempt_key = $1";
-const CLAIM: &str = "UPDATE public.runlimit_attempts \
-     SET lease_token = pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), \
-     claim_xid = pg_catalog.pg_current_xact_id() WHERE attempt_key = $1 RETURNING lease_token";
-
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn delay_between(from: i64, to: i64) -> Delay {
-    Delay::from_millis(u64::try_from(to.saturating_sub(from)).unwrap_or(0))
+fn delay_between(from: u64, to: u64) -> Delay {
+    Delay::from_millis(to.saturating_sub(from))
 }
 
-/// A subject's stored state, as read under its row lock.
+/// A stored instant (milliseconds of the server clock) for the rules: `i64::MAX`, the
+/// saturated instant, is the rules' never-passing `u64::MAX`.
+fn instant(stored: i64) -> Result<u64, &'static str> {
+    if stored == i64::MAX {
+        return Ok(u64::MAX);
+    }
+    u64::try_from(stored).map_err(|_| "negative stored instant")
+}
+
+/// An instant of the rules as stored: saturating at `i64::MAX`.
+fn stored_instant(instant: u64) -> i64 {
+    saturating_i64(instant)
+}
+
+/// A subject's stored state, as read under its row lock: the rules' [`AttemptState`], its
+/// lease token and whether the reading transaction holds the row's claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Stored {
-    failures: u32,
-    last_failure_at: i64,
-    lease: Option<(Vec<u8>, i64)>,
+    state: AttemptState,
+    token: Option<Vec<u8>>,
     same_transaction: bool,
 }
 
@@ -140,57 +120,22 @@ impl Stored {
         let token: Option<Vec<u8>> = row.try_get("lease_token").map_err(|_| "undecodable column")?;
         let deadline: Option<i64> = row.try_get("lease_deadline_ms").map_err(|_| "undecodable column")?;
         let same_transaction: bool = row.try_get("same_transaction").map_err(|_| "undecodable column")?;
-        let lease = match (token, deadline) {
-            (Some(token), Some(deadline)) => Some((token, deadline)),
+        let lease_deadline_ms = match (&token, deadline) {
+            (Some(_), Some(deadline)) => Some(instant(deadline)?),
             (None, None) => None,
             _ => return Err("lease token and deadline disagree"),
         };
-        Ok(Self { failures, last_failure_at, lease, same_transaction })
+        let state = AttemptState {
+            consecutive_failures: failures,
+            last_failure_at_ms: instant(last_failure_at)?,
+            lease_deadline_ms,
+        };
+        Ok(Self { state, token, same_transaction })
     }
 
-    /// Converts an expired lease into a failure at its deadline.
-    fn settle(&mut self, now: i64) {
-        if let Some((_, deadline)) = self.lease
-            && deadline <= now
-            && deadline != i64::MAX
-        {
-            self.failures = self.failures.saturating_add(1);
-            self.last_failure_at = deadline;
-            self.lease = None;
-        }
-    }
-
+    /// Whether the stored lease is the one `token` was issued for.
     fn holds(&self, token: &[u8]) -> bool {
-        self.lease.as_ref().is_some_and(|(held, _)| held == token)
-    }
-}
-
-/// The admission rule on a settled (or absent) state: `Ok(failures to keep)` or a denial.
-fn admission(policy: &AttemptPolicy, stored: Option<&Stored>, now: i64) -> Result<u32, AttemptDenial> {
-    let Some(stored) = stored else { return Ok(0) };
-    if let Some((_, deadline)) = stored.lease {
-        return Err(AttemptDenial::InProgress { retry_after: delay_between(now, deadline) });
-    }
-    let quiet = saturating_i64(policy.quiet_period().as_millis());
-    if stored.failures == 0 || stored.last_failure_at.saturating_add(quiet) <= now {
-        return Ok(0);
-    }
-    let delay =
-        saturating_i64(u64::try_from(policy.retry_delay(stored.failures).as_millis()).unwrap_or(u64::MAX));
-    let ready_at = stored.last_failure_at.saturating_add(delay);
-    if now < ready_at {
-        return Err(AttemptDenial::Backoff {
-            retry_after: delay_between(now, ready_at),
-            consecutive_failures: stored.failures,
-        });
-    }
-    Ok(stored.failures)
-}
-
-fn failure_recorded(policy: &AttemptPolicy, failures: u32) -> AttemptCompletionResult {
-    AttemptCompletionResult::FailureRecorded {
-        consecutive_failures: failures,
-        retry_after: Delay::from_duration(policy.retry_delay(failures)),
+        self.token.as_deref() == Some(token)
     }
 }
 
@@ -329,7 +274,7 @@ impl From<StepError> for AttemptSeamError {
 }
 
 async fn read_row(connection: &mut PgConnection, key: &[u8; 64]) -> Result<Option<Stored>, StepError> {
-    let row = sqlx::query(READ_ROW)
+    let row = sqlx::query(sql::READ_ROW)
         .bind(&key[..])
         .fetch_optional(&mut *connection)
         .await
@@ -337,52 +282,46 @@ async fn read_row(connection: &mut PgConnection, key: &[u8; 64]) -> Result<Optio
     row.as_ref().map(Stored::read).transpose().map_err(StepError::Malformed)
 }
 
-async fn now_ms(connection: &mut PgConnection) -> Result<i64, StepError> {
-    let row =
-        sqlx::query(NOW_MS).fetch_one(&mut *connection).await.map_err(|e| StepError::Database("clock", e))?;
-    row.try_get("now_ms").map_err(|_| StepError::Malformed("undecodable clock"))
+/// The server clock, sampled after every lock the operation took.
+async fn now_ms(connection: &mut PgConnection) -> Result<u64, StepError> {
+    let row = sqlx::query(sql::NOW_MS)
+        .fetch_one(&mut *connection)
+        .await
+        .map_err(|e| StepError::Database("clock", e))?;
+    let now: i64 = row.try_get("now_ms").map_err(|_| StepError::Malformed("undecodable clock"))?;
+    u64::try_from(now).map_err(|_| StepError::Malformed("negative database time"))
 }
 
-/// Writes `outcome` for a row whose reservation the caller holds (row locked).
-async fn record(
+/// Writes `completion` (from the rules) for a row whose reservation the caller holds (row
+/// locked), and returns its result.
+async fn write_completion(
     connection: &mut PgConnection,
     policy: &AttemptPolicy,
     key: &[u8; 64],
-    failures: u32,
-    outcome: AttemptOutcome,
-    now: i64,
+    completion: Completion,
 ) -> Result<AttemptCompletionResult, StepError> {
-    let result = match outcome {
-        AttemptOutcome::Success => sqlx::query(DELETE)
-            .bind(&key[..])
-            .execute(&mut *connection)
-            .await
-            .map(|done| done.rows_affected()),
-        AttemptOutcome::Failure | AttemptOutcome::Abandoned => {
-            let quiet = saturating_i64(policy.quiet_period().as_millis());
-            sqlx::query(RECORD_FAILURE)
+    let written = match completion {
+        Completion::Stale { .. } => return Ok(AttemptCompletionResult::Stale),
+        Completion::Remove => sqlx::query(sql::DELETE).bind(&key[..]).execute(&mut *connection).await,
+        Completion::Store { state, .. } => {
+            sqlx::query(sql::RECORD_FAILURE)
                 .bind(&key[..])
-                .bind(i64::from(failures.saturating_add(1)))
-                .bind(now)
-                .bind(now.saturating_add(quiet))
+                .bind(i64::from(state.consecutive_failures))
+                .bind(stored_instant(state.last_failure_at_ms))
+                .bind(stored_instant(state.expires_at_ms(policy)))
                 .execute(&mut *connection)
                 .await
-                .map(|done| done.rows_affected())
         }
     };
-    match result {
-        Ok(1) => Ok(match outcome {
-            AttemptOutcome::Success => AttemptCompletionResult::Reset,
-            AttemptOutcome::Failure | AttemptOutcome::Abandoned => {
-                failure_recorded(policy, failures.saturating_add(1))
-            }
-        }),
+    match written.map(|done| done.rows_affected()) {
+        Ok(1) => Ok(completion.result()),
         Ok(_) => Err(StepError::Malformed("completion affected no row")),
         Err(error) => Err(StepError::Database("write", error)),
     }
 }
 
-/// Reads, settles and (if the receipt still holds the live lease) records `outcome`.
+/// Reads the subject's state and completes the receipt holding `token` by the rules (settling
+/// an expired lease first, so a receipt whose lease expired is stale).
 async fn complete_locked(
     connection: &mut PgConnection,
     policy: &AttemptPolicy,
@@ -392,12 +331,9 @@ async fn complete_locked(
 ) -> Result<AttemptCompletionResult, StepError> {
     let stored = read_row(connection, key).await?;
     let now = now_ms(connection).await?;
-    let Some(mut stored) = stored else { return Ok(AttemptCompletionResult::Stale) };
-    stored.settle(now);
-    if !stored.holds(token) {
-        return Ok(AttemptCompletionResult::Stale);
-    }
-    record(connection, policy, key, stored.failures, outcome, now).await
+    let holds = stored.as_ref().is_some_and(|stored| stored.holds(token));
+    let completion = rules::complete(policy, stored.map(|stored| stored.state), holds, outcome, now);
+    write_completion(connection, policy, key, completion).await
 }
 
 /// A PostgreSQL attempt limiter for [`AttemptPolicy`]; see the [module docs](self).
@@ -452,12 +388,6 @@ impl<O> fmt::Debug for PostgresAttemptLimiter<O> {
     }
 }
 
-/// An open standalone transaction and its operation deadline.
-struct Open {
-    lease: PooledConnection,
-    deadline: tokio::time::Instant,
-}
-
 /// What the pre-commit part of an admission decided.
 enum Admission {
     Denied(AttemptDenial),
@@ -492,7 +422,7 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
     ///
     /// [`MigrationError`] when no connection is available or a migration fails.
     pub async fn migrate(&self) -> Result<(), MigrationError> {
-        run_migrator(&self.pool, &self.config, &migrations::attempts_shared_history_migrator()).await
+        run_migrator(&self.pool, &self.config, &crate::migrations::shared_history(&ATTEMPTS_MIGRATOR)).await
     }
 
     fn observe(
@@ -568,69 +498,41 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         result
     }
 
-    /// Acquires a pooled connection and opens a `READ COMMITTED` transaction with the
-    /// transaction-local timeouts and `search_path`, within the operation budget.
-    async fn open(&self) -> Result<Open, CheckError> {
-        let mut lease =
-            PooledConnection { connection: acquire(&self.pool, &self.config).await?, clean: false };
-        let timeout = self.config.operation_timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let settings = protocol::settings(self.config.server_timeout_millis());
-        let connection: &mut PgConnection = &mut lease.connection;
-        let begun = timeout_at(deadline, async move {
-            connection.execute(protocol::begin()).await?;
-            connection.execute(AssertSqlSafe(settings)).await
-        })
-        .await;
-        match begun {
-            Ok(Ok(_)) => Ok(Open { lease, deadline }),
-            Ok(Err(source)) if is_server_timeout(&source) => {
-                Err(CheckError::Timeout { phase: CheckPhase::Begin, timeout })
-            }
-            Ok(Err(source)) => Err(CheckError::Database { phase: CheckPhase::Begin, source }),
-            Err(_) => Err(CheckError::Timeout { phase: CheckPhase::Begin, timeout }),
-        }
-    }
-
-    /// Ends the transaction of `open` after its work returned `outcome` (`Err` when the budget
-    /// elapsed in `phase`): `COMMIT` when the work says so, else `ROLLBACK`, classifying
-    /// failures. A failed rollback after a no-change result only costs the connection.
-    async fn close<T>(
+    /// Runs a standalone operation in its own transaction: acquires a pooled connection, opens
+    /// a `READ COMMITTED` transaction with the transaction-local timeouts and `search_path`,
+    /// runs `work` within the operation budget (it names the phase it is in), then `COMMIT`s
+    /// when `work` says so and `ROLLBACK`s otherwise, classifying every failure. A failed
+    /// rollback after a no-change result only costs the connection.
+    async fn standalone<T>(
         &self,
-        mut open: Open,
-        phase: CheckPhase,
-        outcome: Result<Result<(T, bool), StepError>, tokio::time::error::Elapsed>,
+        work: impl AsyncFnOnce(&mut PgConnection, &mut CheckPhase) -> Result<(T, bool), StepError>,
     ) -> Result<T, CheckError> {
-        let timeout = self.config.operation_timeout();
-        let (value, commit) = match outcome {
-            Err(_) => return Err(CheckError::Timeout { phase, timeout }),
-            Ok(Err(StepError::Database(_, source))) if is_server_timeout(&source) => {
-                return Err(CheckError::Timeout { phase, timeout });
+        let config = &self.config;
+        let timeout = config.operation_timeout();
+        transaction::run(&self.pool, config, async |connection, deadline| {
+            if let Err(error) = transaction::begin(connection, deadline, config).await {
+                return (Err(error), false);
             }
-            Ok(Err(StepError::Database(_, source))) => return Err(CheckError::Database { phase, source }),
-            Ok(Err(StepError::Malformed(reason))) => {
-                return Err(CheckError::MalformedResponse { phase, reason });
-            }
-            Ok(Ok(done)) => done,
-        };
-        let connection = &mut open.lease.connection;
-        if !commit {
-            if let Ok(Ok(_)) = timeout_at(open.deadline, connection.execute(protocol::ROLLBACK)).await {
-                open.lease.clean = true;
-            }
-            return Ok(value);
-        }
-        match timeout_at(open.deadline, connection.execute(protocol::COMMIT)).await {
-            Ok(Ok(_)) => {
-                open.lease.clean = true;
-                Ok(value)
-            }
-            Ok(Err(source)) if commit_definitely_rolled_back(&source) => {
-                Err(CheckError::CommitRejected { source })
-            }
-            Ok(Err(source)) => Err(CheckError::CommitOutcomeUnknown { source }),
-            Err(_) => Err(CheckError::CommitTimeout { timeout }),
-        }
+            let mut phase = CheckPhase::Lock;
+            let outcome = timeout_at(deadline, work(&mut *connection, &mut phase)).await;
+            let (value, commit) = match outcome {
+                Ok(Ok(done)) => done,
+                Err(_) => return (Err(CheckError::Timeout { phase, timeout }), false),
+                Ok(Err(StepError::Database(_, source))) => {
+                    return (Err(sqlx_failure(source, phase, timeout)), false);
+                }
+                Ok(Err(StepError::Malformed(reason))) => {
+                    return (Err(CheckError::MalformedResponse { phase, reason }), false);
+                }
+            };
+            let ending = if commit {
+                Ending::Commit { value, writes: String::new(), statements: 0 }
+            } else {
+                Ending::Rollback(value)
+            };
+            transaction::end(connection, deadline, timeout, ending).await
+        })
+        .await
     }
 
     async fn acquire_transaction(
@@ -641,27 +543,22 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         let key = subject.counter_key().to_bytes();
         let shard = i16::from(key[32]);
         let maximum_rows = i32::try_from(self.config.maximum_rows_per_shard()).unwrap_or(i32::MAX);
-        let mut open = self.open().await?;
-        let deadline = open.deadline;
-        let mut phase = CheckPhase::Lock;
-        let outcome = {
-            let connection: &mut PgConnection = &mut open.lease.connection;
-            let phase = &mut phase;
-            timeout_at(deadline, async move {
-                sqlx::query(LOCK_SHARD)
+        let admission = self
+            .standalone(async |connection, phase| {
+                sqlx::query(sql::LOCK_SHARD)
                     .bind(shard)
                     .fetch_one(&mut *connection)
                     .await
                     .map_err(|error| StepError::Database("lock", error))?;
                 *phase = CheckPhase::Preflight;
-                let stored = sqlx::query(READ_ROW_SKIP_LOCKED)
+                let stored = sqlx::query(sql::READ_ROW_SKIP_LOCKED)
                     .bind(&key[..])
                     .fetch_optional(&mut *connection)
                     .await
                     .map_err(|error| StepError::Database("read", error))?;
                 let stored = stored.as_ref().map(Stored::read).transpose().map_err(StepError::Malformed)?;
                 let locked = if stored.is_none() {
-                    sqlx::query(LOCKED_ROW)
+                    sqlx::query(sql::LOCKED_ROW)
                         .bind(&key[..])
                         .fetch_optional(&mut *connection)
                         .await
@@ -675,56 +572,48 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
                 let now = now_ms(connection).await?;
                 if let Some(deadline) = locked {
                     // Another transaction holds the row: its attempt is being completed.
-                    let retry_after = deadline.map_or(Delay::ZERO, |deadline| delay_between(now, deadline));
+                    let retry_after = match deadline {
+                        Some(deadline) => {
+                            delay_between(now, instant(deadline).map_err(StepError::Malformed)?)
+                        }
+                        None => Delay::ZERO,
+                    };
                     return Ok((Admission::Denied(AttemptDenial::InProgress { retry_after }), false));
                 }
-                let mut settled = stored.clone();
-                if let Some(state) = settled.as_mut() {
-                    state.settle(now);
-                }
-                let failures = match admission(policy, settled.as_ref(), now) {
-                    Ok(failures) => failures,
+                let is_new = stored.is_none();
+                let state = match rules::admit(policy, stored.map(|stored| stored.state), now) {
+                    Ok(state) => state,
                     Err(denial) => return Ok((Admission::Denied(denial), false)),
                 };
-                let lease_ms = saturating_i64(policy.lease().as_millis());
-                let quiet = saturating_i64(policy.quiet_period().as_millis());
-                let deadline = now.saturating_add(lease_ms);
-                let expires = deadline.saturating_add(quiet);
-                let row = if let Some(settled) = settled {
-                    *phase = CheckPhase::Update;
-                    sqlx::query(ADMIT)
-                        .bind(&key[..])
-                        .bind(i64::from(failures))
-                        .bind(settled.last_failure_at)
-                        .bind(deadline)
-                        .bind(expires)
-                        .fetch_one(&mut *connection)
-                        .await
-                } else {
+                let deadline = stored_instant(state.lease_deadline_ms.unwrap_or(u64::MAX));
+                let expires = stored_instant(state.expires_at_ms(policy));
+                let last_failure_at = stored_instant(state.last_failure_at_ms);
+                let row = if is_new {
                     *phase = CheckPhase::Reserve;
-                    sqlx::query(RECLAIM)
+                    sqlx::query(sql::RECLAIM)
                         .bind(shard)
-                        .bind(now)
+                        .bind(stored_instant(now))
                         .bind(RECLAIMED_ROWS_PER_ADMISSION)
                         .execute(&mut *connection)
                         .await
                         .map_err(|error| StepError::Database("reclaim", error))?;
-                    let slot = sqlx::query(FREE_SLOT)
+                    let slot = sqlx::query(sql::FREE_SLOT)
                         .bind(shard)
                         .bind(maximum_rows)
                         .fetch_optional(&mut *connection)
                         .await
                         .map_err(|error| StepError::Database("slot", error))?;
                     let Some(slot) = slot else {
-                        let earliest: Option<i64> = sqlx::query(EARLIEST_EXPIRY)
+                        let earliest: Option<i64> = sqlx::query(sql::EARLIEST_EXPIRY)
                             .bind(shard)
                             .fetch_one(&mut *connection)
                             .await
                             .map_err(|error| StepError::Database("slot", error))?
                             .try_get("earliest")
                             .map_err(|_| StepError::Malformed("undecodable column"))?;
+                        let earliest = earliest.map(instant).transpose().map_err(StepError::Malformed)?;
                         let retry_after =
-                            earliest.filter(|at| *at != i64::MAX).map(|at| delay_between(now, at));
+                            earliest.filter(|at| *at != u64::MAX).map(|at| delay_between(now, at));
                         return Ok((
                             Admission::Denied(AttemptDenial::StorageCapacity { retry_after }),
                             false,
@@ -733,11 +622,21 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
                     let slot: i32 =
                         slot.try_get("slot").map_err(|_| StepError::Malformed("undecodable column"))?;
                     *phase = CheckPhase::Update;
-                    sqlx::query(INSERT)
+                    sqlx::query(sql::INSERT)
                         .bind(&key[..])
                         .bind(shard)
                         .bind(slot)
-                        .bind(now)
+                        .bind(last_failure_at)
+                        .bind(deadline)
+                        .bind(expires)
+                        .fetch_one(&mut *connection)
+                        .await
+                } else {
+                    *phase = CheckPhase::Update;
+                    sqlx::query(sql::ADMIT)
+                        .bind(&key[..])
+                        .bind(i64::from(state.consecutive_failures))
+                        .bind(last_failure_at)
                         .bind(deadline)
                         .bind(expires)
                         .fetch_one(&mut *connection)
@@ -748,9 +647,7 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
                     row.try_get("lease_token").map_err(|_| StepError::Malformed("undecodable column"))?;
                 Ok((Admission::Admitted(token), true))
             })
-            .await
-        };
-        let admission = self.close(open, phase, outcome).await?;
+            .await?;
         Ok(match admission {
             Admission::Denied(denial) => AttemptDecision::Denied(denial),
             Admission::Admitted(token) => {
@@ -764,23 +661,14 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         receipt: &PostgresAttemptReceipt,
         outcome: AttemptOutcome,
     ) -> Result<AttemptCompletionResult, CheckError> {
-        let mut open = self.open().await?;
-        let deadline = open.deadline;
-        let mut phase = CheckPhase::Lock;
-        let outcome = {
-            let connection: &mut PgConnection = &mut open.lease.connection;
-            let phase = &mut phase;
-            timeout_at(deadline, async move {
-                let result =
-                    complete_locked(connection, &receipt.policy, &receipt.key, &receipt.token, outcome)
-                        .await?;
-                *phase = CheckPhase::Update;
-                let commit = result != AttemptCompletionResult::Stale;
-                Ok((result, commit))
-            })
-            .await
-        };
-        self.close(open, phase, outcome).await
+        self.standalone(async |connection, phase| {
+            let result =
+                complete_locked(connection, &receipt.policy, &receipt.key, &receipt.token, outcome).await?;
+            *phase = CheckPhase::Update;
+            let commit = result != AttemptCompletionResult::Stale;
+            Ok((result, commit))
+        })
+        .await
     }
 
     /// Seam: locks and validates the receipt's live reservation inside the caller's transaction
@@ -805,12 +693,12 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
     ) -> Result<AttemptClaimResult, AttemptSeamError> {
         let stored = read_row(connection, &receipt.key).await?;
         let now = now_ms(connection).await?;
-        let Some(mut stored) = stored else { return Ok(AttemptClaimResult::Stale) };
-        stored.settle(now);
-        if !stored.holds(&receipt.token) {
+        let Some(stored) = stored else { return Ok(AttemptClaimResult::Stale) };
+        // An expired lease counts as a failure at its deadline: its receipt is stale.
+        if !stored.holds(&receipt.token) || stored.state.settled(now).lease_deadline_ms.is_none() {
             return Ok(AttemptClaimResult::Stale);
         }
-        let row = sqlx::query(CLAIM)
+        let row = sqlx::query(sql::CLAIM)
             .bind(&receipt.key[..])
             .fetch_one(&mut *connection)
             .await
@@ -842,7 +730,8 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         let now = now_ms(connection).await?;
         let result = match stored {
             Some(stored) if stored.same_transaction && stored.holds(&claim.token) => {
-                record(connection, &claim.policy, &claim.key, stored.failures, outcome, now).await?
+                let completion = rules::record(&claim.policy, stored.state, outcome, now);
+                write_completion(connection, &claim.policy, &claim.key, completion).await?
             }
             _ => AttemptCompletionResult::Stale,
         };
@@ -874,17 +763,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn settle_counts_an_expired_lease_as_a_failure_at_its_deadline() {
-        let mut stored =
-            Stored { failures: 2, last_failure_at: 10, lease: Some((vec![1], 100)), same_transaction: false };
-        stored.settle(99);
-        assert_eq!(stored.lease, Some((vec![1], 100)));
-        stored.settle(100);
-        assert_eq!((stored.failures, stored.last_failure_at, stored.lease.clone()), (3, 100, None));
-        let mut saturated = Stored { failures: u32::MAX, ..stored.clone() };
-        saturated.lease = Some((vec![2], 200));
-        saturated.settle(500);
-        assert_eq!(saturated.failures, u32::MAX);
+    fn an_expired_stored_lease_settles_into_a_failure_at_its_deadline() {
+        let state =
+            AttemptState { consecutive_failures: 2, last_failure_at_ms: 10, lease_deadline_ms: Some(100) };
+        let stored = Stored { state, token: Some(vec![1]), same_transaction: false };
+        assert_eq!(stored.state.settled(99), state);
+        let settled = stored.state.settled(100);
+        assert_eq!(
+            (settled.consecutive_failures, settled.last_failure_at_ms, settled.lease_deadline_ms),
+            (3, 100, None)
+        );
+        let saturated =
+            AttemptState { consecutive_failures: u32::MAX, lease_deadline_ms: Some(200), ..settled };
+        assert_eq!(saturated.settled(500).consecutive_failures, u32::MAX);
+        assert!(stored.holds(&[1]));
+        assert!(!stored.holds(&[2]));
+    }
+
+    #[test]
+    fn stored_instants_map_the_saturated_instant_both_ways() {
+        assert_eq!(instant(i64::MAX), Ok(u64::MAX));
+        assert_eq!(instant(1_700_000_000_000), Ok(1_700_000_000_000));
+        assert_eq!(instant(-1), Err("negative stored instant"));
+        assert_eq!(stored_instant(u64::MAX), i64::MAX);
+        assert_eq!(stored_instant(u64::MAX - 1), i64::MAX);
+        assert_eq!(stored_instant(5), 5);
     }
 
     #[test]

@@ -32,13 +32,6 @@ pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_00
 /// [`PostgresGcraLimiter::migrate`](crate::PostgresGcraLimiter::migrate).
 pub static GCRA_MIGRATOR: Migrator = sqlx::migrate!("./gcra-migrations");
 
-/// A copy of [`GCRA_MIGRATOR`] with `ignore_missing` set, for a shared history.
-pub(crate) fn gcra_shared_history_migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(GCRA_MIGRATOR.iter().cloned().collect());
-    migrator.set_ignore_missing(true);
-    migrator
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +55,6 @@ mod tests {
             assert!(!migration.no_tx);
         }
         assert!(!GCRA_MIGRATOR.ignore_missing);
-        assert!(gcra_shared_history_migrator().ignore_missing);
+        assert!(crate::migrations::shared_history(&GCRA_MIGRATOR).ignore_missing);
     }
 }

@@ -6,7 +6,7 @@ use runlimit_core::{BatchDecisionView, DecisionView, Denial};
 
 use crate::support::*;
 
-const CLEANUP_SQL: &str = include_str!("../../src/sql/cleanup.sql");
+const CLEANUP_SQL: &str = include_str!("../../src/sql/fixed_window_cleanup.sql");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]

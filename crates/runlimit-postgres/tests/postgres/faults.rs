@@ -253,7 +253,7 @@ async fn a_write_that_misses_a_row_fails_before_commit() {
     db.limiter(1).await;
     let mut connection = db.connection().await;
     let absent = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
-    let update = include_str!("../../src/sql/update.sql")
+    let update = include_str!("../../src/sql/fixed_window_update.sql")
         .replace("{updates}", &format!("({absent}, false, 1000::bigint)"))
         .replace("{now_us}", "0")
         .replace("{expected}", "1");
@@ -267,7 +267,7 @@ async fn a_write_that_misses_a_row_fails_before_commit() {
         "invalid input syntax for type integer: \"runlimit: a locked counter row was not updated\""
     );
     sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
-    let insert = include_str!("../../src/sql/insert.sql")
+    let insert = include_str!("../../src/sql/fixed_window_insert.sql")
         .replace("{inserts}", &format!("({absent}, 1000::bigint)"))
         .replace("{now_us}", "0")
         .replace("{expected}", "2");

@@ -1,5 +1,5 @@
 //! The GCRA v1 SQL protocol: scripts built from the `src/sql/gcra_*.sql` templates and sent
-//! through [`crate::protocol::run`] as simple-query round trips.
+//! through [`crate::script::run`] as simple-query round trips.
 //!
 //! # Admission: two round trips, six statements
 //!
@@ -25,11 +25,11 @@
 //!    shards advance to the time used.
 //! 3. `COMMIT`.
 //!
-//! Values are rendered only as integers and hexadecimal digits, as in [`crate::protocol`].
+//! Values are rendered only as integers and hexadecimal digits, as in [`crate::script`].
 
 use crate::{
-    gcra::decide::GcraWrite,
-    protocol::{ordinal_keys, push_bytea},
+    gcra::GcraWrite,
+    script::{ordinal_keys, push_bytea},
 };
 
 const LOCK_SQL: &str = include_str!("../sql/gcra_lock.sql");
@@ -134,7 +134,7 @@ pub(crate) fn delete(locked: &[(i16, i64)], maximum_rows: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gcra::decide::StoredTat;
+    use crate::gcra::StoredTat;
 
     #[test]
     fn renders_only_digits_and_hex() {

@@ -1,0 +1,76 @@
+//! The fixed-window migration stream, as SQL text and as SQLx migrators.
+
+use sqlx::migrate::Migrator;
+
+/// Migration `20250601000001_create_runlimit_fixed_windows`: the `public.runlimit_fixed_windows`
+/// counter table (`counter_key bytea` primary key, `used bigint`, `window_started_at` and
+/// `window_expires_at timestamptz`) and its expiry index `runlimit_fixed_windows_expires_at_idx`.
+///
+/// The exact text of the bundled file, byte for byte (SQLx checksums it), for hosts that
+/// vendor the migrations into their own strict migration set.
+pub const CREATE_RUNLIMIT_FIXED_WINDOWS_SQL: &str =
+    include_str!("../../migrations/20250601000001_create_runlimit_fixed_windows.sql");
+
+/// Migration `20250601000002_set_runlimit_fixed_windows_fillfactor`: `fillfactor = 80` on the
+/// counter table, reserving page space for HOT updates of in-window increments. Vendor it
+/// after [`CREATE_RUNLIMIT_FIXED_WINDOWS_SQL`].
+pub const SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL: &str =
+    include_str!("../../migrations/20250601000002_set_runlimit_fixed_windows_fillfactor.sql");
+
+/// Migration `20250601000003_bound_runlimit_fixed_window_cardinality`: the generated
+/// `capacity_shard` column (byte 32 of the counter key), the `public.runlimit_fixed_window_shards`
+/// ledger (256 rows, seeded from the existing rows) and the statement-level triggers that keep
+/// it exact and refuse any statement taking a shard past 65,536 rows (SQLSTATE 23514,
+/// constraint `runlimit_fixed_window_shards_capacity`). Vendor it after
+/// [`SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL`].
+pub const BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL: &str =
+    include_str!("../../migrations/20250601000003_bound_runlimit_fixed_window_cardinality.sql");
+
+/// The versions of the bundled migrations, in order: `20250601000001`, `20250601000002`,
+/// `20250601000003`. Runlimit's fixed-window stream owns these versions in a shared
+/// `_sqlx_migrations` history; host migrations must not reuse them.
+pub const MIGRATION_VERSIONS: [i64; 3] = [20_250_601_000_001, 20_250_601_000_002, 20_250_601_000_003];
+
+/// The bundled migrations with SQLx's strict defaults: it fails with `VersionMissing` when
+/// `_sqlx_migrations` records a version it does not know.
+///
+/// Suitable only when Runlimit exclusively owns the migration history and the connection it
+/// runs on. Prefer [`PostgresLimiter::migrate`](crate::PostgresStore::migrate), which
+/// tolerates other migrators' versions and runs on a dedicated connection. Running this
+/// migrator through a pool can leak SQLx's session-level migration lock into the pool when a
+/// migration fails (SQLx takes it with `pg_advisory_lock`, a session-level lock, and a failed
+/// migration returns before unlocking): run it on a dedicated `PgConnection`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_are_the_migrator_sources() {
+        let migrations: Vec<_> = MIGRATOR.iter().collect();
+        assert_eq!(migrations.len(), 3);
+        let expected = [
+            (MIGRATION_VERSIONS[0], "create runlimit fixed windows", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),
+            (
+                MIGRATION_VERSIONS[1],
+                "set runlimit fixed windows fillfactor",
+                SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
+            ),
+            (
+                MIGRATION_VERSIONS[2],
+                "bound runlimit fixed window cardinality",
+                BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL,
+            ),
+        ];
+        for (migration, (version, description, sql)) in migrations.into_iter().zip(expected) {
+            assert_eq!(migration.version, version);
+            assert_eq!(migration.description, description);
+            assert_eq!(migration.sql.as_str(), sql);
+            assert!(!migration.no_tx);
+        }
+        assert!(!MIGRATOR.ignore_missing);
+        assert!(crate::migrations::shared_history(&MIGRATOR).ignore_missing);
+        assert_eq!(crate::migrations::shared_history(&MIGRATOR).iter().count(), 3);
+    }
+}

@@ -1,0 +1,515 @@
+//! Anchored fixed windows on PostgreSQL: the fixed-window SQL protocol and its row parsing,
+//! decided by `runlimit_core::backend::fixed_window` and the batch rule.
+//!
+//! # Time
+//!
+//! The rules work in whole milliseconds. The protocol samples `pg_catalog.clock_timestamp()`
+//! in microseconds after its locks; the decision truncates the sample to the millisecond, and a
+//! stored window end is rounded up to the next whole millisecond (windows anchored by this
+//! release start at a whole millisecond, so only windows written by an earlier release, which
+//! anchored at the microsecond, are rounded, and never end early). A new window is anchored at
+//! the truncated sample, stored as its microsecond count.
+
+pub(crate) mod migrations;
+mod sql;
+
+use runlimit_core::{
+    Check, FixedWindowPolicy, QuotaMode,
+    backend::{
+        batch::Precedence,
+        fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
+    },
+};
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool, migrate::Migrator};
+use tokio::time::Instant as Deadline;
+
+use crate::{
+    config::PostgresConfig,
+    error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
+    observe::Evaluated,
+    script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
+    store::sealed::Algorithm,
+    transaction::{self, Plan, check_failure, maintenance_failure},
+};
+
+/// Domain tag of the advisory-lock id derivation. See [`lock_id`].
+pub(crate) const LOCK_ID_DOMAIN: &[u8] = b"runlimit/postgres/fixed-window-lock/v1";
+
+/// The advisory-lock id of a 64-byte counter key: the first 8 bytes, read as a big-endian
+/// signed integer, of `SHA-256(LOCK_ID_DOMAIN || counter_key)`.
+///
+/// Equal to the SQL expression
+/// `('x' || encode(substr(sha256('runlimit/postgres/fixed-window-lock/v1'::bytea || counter_key), 1, 8), 'hex'))::bit(64)::bigint`.
+pub(crate) fn lock_id(counter_key: &[u8; 64]) -> i64 {
+    let digest = Sha256::new().chain_update(LOCK_ID_DOMAIN).chain_update(counter_key).finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// The capacity shard of a counter key: byte 32, the first byte of the subject key. Must match
+/// the generated column `capacity_shard` of the cardinality migration.
+pub(crate) fn shard_of(counter_key: &[u8; 64]) -> u8 {
+    counter_key[32]
+}
+
+/// One check, reduced to what the decision needs.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    parameters: FixedWindowParameters,
+    shard: u8,
+}
+
+/// A stored counter, as read by the preflight phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StoredCounter {
+    used: i64,
+    /// Window end, microseconds since the Unix epoch (database clock).
+    expires_us: i64,
+}
+
+/// What to write for one allowed check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    /// In-window increment of a stored counter.
+    Increment,
+    /// Re-anchor an expired stored counter at the clock sample.
+    Renew,
+    /// Insert a new counter anchored at the clock sample.
+    Insert,
+}
+
+/// The clock sample, truncated to whole milliseconds since the Unix epoch.
+fn sample_millis(now_us: i64) -> Result<u64, &'static str> {
+    u64::try_from(now_us.div_euclid(1_000)).map_err(|_| "negative database time")
+}
+
+/// A stored window end in whole milliseconds, rounded up (a window never ends early); a
+/// window that ended before the Unix epoch ends at 0.
+fn deadline_millis(expires_us: i64) -> u64 {
+    u64::try_from(expires_us).map_or(0, |micros| micros.div_ceil(1_000))
+}
+
+/// Decides a batch from the stored counters (`stored[i]` for check `i`), the clock sample
+/// `now_us` and, when some key has no row, the locked ledger row counts.
+///
+/// Every check is [`fixed_window::evaluate`] at the truncated sample (see the [module
+/// docs](self#time)). A missing key whose shard already holds `maximum_rows_per_shard` rows
+/// (counting new keys of earlier checks in this batch) is a storage-capacity denial without a
+/// delay: expiry does not free a slot, only cleanup does. The batch rule
+/// ([`Precedence`]) picks the deciding denial.
+///
+/// # Errors
+///
+/// A fixed description of a malformed response: a stored `used` below 1, a negative clock
+/// sample, or a missing key whose shard has no ledger count.
+fn decide(
+    specs: &[Spec],
+    stored: &[Option<StoredCounter>],
+    now_us: i64,
+    ledger: &[Option<i64>; 256],
+    maximum_rows_per_shard: u32,
+    mode: QuotaMode,
+) -> Result<Plan<Write>, &'static str> {
+    if specs.len() != stored.len() {
+        return Err("counter rows do not match the checks");
+    }
+    let now = sample_millis(now_us)?;
+    let mut reserved = [0i64; 256];
+    let mut precedence = Precedence::new(mode);
+    let mut allowances = Vec::with_capacity(specs.len());
+    let mut writes = Vec::with_capacity(specs.len());
+    for (index, (spec, counter)) in specs.iter().zip(stored).enumerate() {
+        let window = match counter {
+            Some(counter) => {
+                let used = u64::try_from(counter.used).map_err(|_| "stored used below 1")?;
+                Some(
+                    Window::new(deadline_millis(counter.expires_us), used)
+                        .map_err(|_| "stored used below 1")?,
+                )
+            }
+            None => None,
+        };
+        match fixed_window::evaluate(&spec.parameters, window, now) {
+            FixedWindowOutcome::Exhausted(denial) => precedence.quota_exceeded(index, denial),
+            FixedWindowOutcome::Allowed { allowance, anchored, .. } => {
+                let write = match (counter, anchored) {
+                    (Some(_), false) => Write::Increment,
+                    (Some(_), true) => Write::Renew,
+                    (None, _) => Write::Insert,
+                };
+                let shard = usize::from(spec.shard);
+                let short = match write {
+                    Write::Insert => {
+                        let count = ledger[shard].ok_or("missing capacity ledger row")?;
+                        count.saturating_add(reserved[shard]) >= i64::from(maximum_rows_per_shard)
+                    }
+                    Write::Increment | Write::Renew => false,
+                };
+                if short {
+                    precedence.storage_capacity(index);
+                } else {
+                    reserved[shard] += i64::from(write == Write::Insert);
+                    allowances.push(allowance);
+                    writes.push(write);
+                }
+            }
+        }
+        // No later check can change the deciding denial: stop reading.
+        if precedence.is_settled() {
+            break;
+        }
+    }
+    Ok(Plan::of(&precedence, allowances, writes))
+}
+
+/// Parses the reserve rows (statement 0 of `output`) into the ledger counts of `requested`.
+fn parse_reserve(output: &ScriptOutput, requested: &[i16]) -> Result<[Option<i64>; 256], CheckError> {
+    let phase = CheckPhase::Reserve;
+    let bad = malformed(phase);
+    let mut ledger = [None; 256];
+    let mut shards = Vec::with_capacity(requested.len());
+    for row in output.rows_of(0) {
+        let Some(shard) = column::<Option<i16>>(row, "shard", phase)? else { continue };
+        let count: i32 = column(row, "row_count", phase)?;
+        let slot = usize::try_from(shard)
+            .ok()
+            .and_then(|index| ledger.get_mut(index))
+            .ok_or_else(|| bad("ledger shard out of range"))?;
+        let count = u32::try_from(count).map_err(|_| bad("negative ledger row count"))?;
+        *slot = Some(i64::from(count));
+        shards.push(shard);
+    }
+    if shards != requested {
+        return Err(bad("ledger rows do not match the requested shards"));
+    }
+    Ok(ledger)
+}
+
+/// Begin, lock, preflight and (when a key has no row) reserve, then the decision. Returns the
+/// plan and the clock sample it was decided at, truncated to the millisecond, in microseconds.
+async fn evaluate(
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    keys: &[[u8; 64]],
+    specs: &[Spec],
+    mode: QuotaMode,
+) -> Result<(Plan<Write>, i64), CheckError> {
+    let timeout = config.operation_timeout();
+    let mut lock_ids: Vec<i64> = keys.iter().map(lock_id).collect();
+    lock_ids.sort_unstable();
+    lock_ids.dedup();
+
+    // One round trip: BEGIN, the settings and locks, the preflight with its clock sample.
+    let mut sql = script::begin().to_owned();
+    sql.push_str(&sql::lock(config.server_timeout_millis(), &lock_ids));
+    sql.push_str(&sql::preflight(keys));
+    let lock_statement = script::BEGIN_STATEMENTS;
+    let mut phases = vec![CheckPhase::Begin; lock_statement];
+    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
+    let output = script::run(connection, sql, deadline)
+        .await
+        .map_err(|error| check_failure(error, &phases, timeout))?;
+    if output.affected.len() != phases.len() {
+        return Err(CheckError::MalformedResponse {
+            phase: CheckPhase::Preflight,
+            reason: "statement count differs",
+        });
+    }
+    if output.only_row(lock_statement).is_none() {
+        return Err(CheckError::MalformedResponse {
+            phase: CheckPhase::Lock,
+            reason: "expected one lock row",
+        });
+    }
+    let preflight = lock_statement + 1;
+    let stored = per_check(&output, preflight, keys.len(), CheckPhase::Preflight, |row| {
+        Ok(StoredCounter {
+            used: column(row, "used", CheckPhase::Preflight)?,
+            expires_us: column(row, "expires_us", CheckPhase::Preflight)?,
+        })
+    })?;
+    let mut now_us = clock_sample(&output, preflight, "now_us", CheckPhase::Preflight)?;
+
+    let mut missing_shards: Vec<i16> = specs
+        .iter()
+        .zip(&stored)
+        .filter(|(_, counter)| counter.is_none())
+        .map(|(spec, _)| i16::from(spec.shard))
+        .collect();
+    missing_shards.sort_unstable();
+    missing_shards.dedup();
+    let mut ledger = [None; 256];
+    let mut phase = CheckPhase::Preflight;
+    if !missing_shards.is_empty() {
+        phase = CheckPhase::Reserve;
+        let output = script::run(connection, sql::reserve(&missing_shards), deadline)
+            .await
+            .map_err(|error| check_failure(error, &[CheckPhase::Reserve], timeout))?;
+        ledger = parse_reserve(&output, &missing_shards)?;
+        now_us = clock_sample(&output, 0, "now_us", phase)?;
+    }
+    let plan = decide(specs, &stored, now_us, &ledger, config.maximum_rows_per_shard(), mode)
+        .map_err(malformed(phase))?;
+    Ok((plan, now_us.div_euclid(1_000) * 1_000))
+}
+
+/// The write statements of an allowed batch anchored at `anchor_us`: at most one `UPDATE` and
+/// one `INSERT` whatever the batch size, each verifying its own row count.
+fn render_writes(keys: &[[u8; 64]], specs: &[Spec], writes: &[Write], anchor_us: i64) -> (String, usize) {
+    let window_ms = |spec: &Spec| spec.parameters.window().as_millis();
+    let mut updates = Vec::new();
+    let mut inserts = Vec::new();
+    for ((key, spec), write) in keys.iter().zip(specs).zip(writes) {
+        match write {
+            Write::Increment => updates.push((key, false, window_ms(spec))),
+            Write::Renew => updates.push((key, true, window_ms(spec))),
+            Write::Insert => inserts.push((key, window_ms(spec))),
+        }
+    }
+    let mut sql = String::new();
+    if !updates.is_empty() {
+        sql.push_str(&sql::update(&updates, anchor_us));
+    }
+    if !inserts.is_empty() {
+        sql.push_str(&sql::insert(&inserts, anchor_us));
+    }
+    (sql, usize::from(!updates.is_empty()) + usize::from(!inserts.is_empty()))
+}
+
+/// The fixed-window protocol (see [`PostgresLimiter`](crate::PostgresLimiter)).
+impl Algorithm for FixedWindowPolicy {
+    fn migrator() -> Migrator {
+        crate::migrations::shared_history(&migrations::MIGRATOR)
+    }
+
+    async fn admit(
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        checks: &[Check<'_, Self>],
+        mode: QuotaMode,
+    ) -> (Result<Evaluated, CheckError>, bool) {
+        let keys: Vec<[u8; 64]> = checks.iter().map(|check| check.counter_key().to_bytes()).collect();
+        let specs: Vec<Spec> = checks
+            .iter()
+            .zip(&keys)
+            .map(|(check, key)| Spec {
+                parameters: FixedWindowParameters::of(check.policy()),
+                shard: shard_of(key),
+            })
+            .collect();
+        let (plan, anchor_us) = match evaluate(connection, deadline, config, &keys, &specs, mode).await {
+            Ok(evaluated) => evaluated,
+            Err(error) => return (Err(error), false),
+        };
+        let ending = plan.ending(|writes| render_writes(&keys, &specs, writes, anchor_us));
+        transaction::end(connection, deadline, config.operation_timeout(), ending).await
+    }
+
+    /// One transaction, one `DELETE`: the clock is sampled once (so the expiry predicate is an
+    /// index range condition and finding nothing expired costs one index probe), rows an
+    /// admission currently holds are skipped, and the affected ledger rows are locked in
+    /// ascending shard order.
+    async fn cleanup(
+        pool: &PgPool,
+        config: &PostgresConfig,
+        maximum_rows: u32,
+    ) -> Result<u64, MaintenanceError> {
+        let timeout = config.operation_timeout();
+        let mut leased = transaction::acquire_for_maintenance(pool, config).await?;
+        let deadline = Deadline::now() + timeout;
+
+        let mut sql = script::begin().to_owned();
+        sql.push_str(&script::settings(config.server_timeout_millis()));
+        sql.push_str(&sql::cleanup(maximum_rows));
+        let delete_statement = script::BEGIN_STATEMENTS + 1;
+        let output = script::run(&mut leased.connection, sql, deadline).await.map_err(|error| {
+            let phase = if error.completed < delete_statement {
+                MaintenancePhase::Begin
+            } else {
+                MaintenancePhase::Delete
+            };
+            maintenance_failure(error.failure, phase, timeout)
+        })?;
+        let removed = transaction::removed_rows(output.only_row(delete_statement), maximum_rows)?;
+        transaction::commit_maintenance(&mut leased, deadline, timeout).await?;
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use runlimit_core::{
+        Allowance, Capacity, Delay, Denial, PolicyId, QuotaDenial, ScopeId, backend::batch::Precedence,
+    };
+
+    use super::*;
+
+    /// A whole millisecond, in microseconds since the Unix epoch.
+    const NOW: i64 = 1_700_000_000_000_000;
+
+    fn spec(limit: u64, window_ms: u64, shard: u8) -> Spec {
+        let policy = FixedWindowPolicy::new(
+            PolicyId::new("p").unwrap(),
+            ScopeId::new("s").unwrap(),
+            limit,
+            Duration::from_millis(window_ms),
+        )
+        .unwrap();
+        Spec { parameters: FixedWindowParameters::of(&policy), shard }
+    }
+
+    fn stored(used: i64, expires_in_us: i64) -> Option<StoredCounter> {
+        Some(StoredCounter { used, expires_us: NOW + expires_in_us })
+    }
+
+    fn ledger(entries: &[(u8, i64)]) -> [Option<i64>; 256] {
+        let mut ledger = [None; 256];
+        for &(shard, count) in entries {
+            ledger[usize::from(shard)] = Some(count);
+        }
+        ledger
+    }
+
+    fn allowance(limit: u64, available: u64, delay_ms: u64) -> Allowance {
+        Allowance::new(Capacity::new(limit).unwrap(), available, Delay::from_millis(delay_ms)).unwrap()
+    }
+
+    /// The plan of a batch denied by the first `(index, reason)` reported.
+    fn denied(mode: QuotaMode, index: usize, quota: Option<QuotaDenial>) -> Plan<Write> {
+        let mut precedence = Precedence::new(mode);
+        match quota {
+            Some(quota) => precedence.quota_exceeded(index, quota),
+            None => precedence.storage_capacity(index),
+        }
+        Plan::Rollback(precedence.denial().unwrap())
+    }
+
+    #[test]
+    fn lock_id_is_stable() {
+        // Pinned so the documented derivation (and the SQL expression) cannot drift silently.
+        assert_eq!(lock_id(&[0u8; 64]), -6_214_308_709_475_546_244);
+        assert_ne!(lock_id(&[0u8; 64]), lock_id(&[1u8; 64]));
+        let mut key = [0u8; 64];
+        key[32] = 7;
+        assert_eq!(shard_of(&key), 7);
+    }
+
+    #[test]
+    fn fresh_increment_renew_and_deny() {
+        let specs = [spec(3, 60_000, 1), spec(3, 60_000, 2), spec(3, 60_000, 3)];
+        let rows = [None, stored(1, 2_000), stored(3, 0)];
+        let plan = decide(&specs, &rows, NOW, &ledger(&[(1, 0)]), 10, QuotaMode::Enforce).unwrap();
+        assert_eq!(
+            plan,
+            Plan::Commit {
+                allowances: vec![allowance(3, 2, 60_000), allowance(3, 1, 2), allowance(3, 2, 60_000)],
+                writes: vec![Write::Insert, Write::Increment, Write::Renew],
+            }
+        );
+    }
+
+    #[test]
+    fn times_are_whole_milliseconds_rounded_so_no_window_ends_early() {
+        // A sample 999 µs into a millisecond is that millisecond; a window written at the
+        // microsecond (before whole-millisecond anchoring) ending 2,001 µs after NOW ends at
+        // NOW + 3 ms.
+        let specs = [spec(3, 60_000, 1)];
+        let plan =
+            decide(&specs, &[stored(1, 2_001)], NOW + 999, &ledger(&[]), 10, QuotaMode::Enforce).unwrap();
+        assert_eq!(
+            plan,
+            Plan::Commit { allowances: vec![allowance(3, 1, 3)], writes: vec![Write::Increment] }
+        );
+        assert_eq!(sample_millis(NOW + 999), Ok(1_700_000_000_000));
+        assert_eq!(sample_millis(-1), Err("negative database time"));
+        assert_eq!(deadline_millis(-5), 0);
+        // Exactly at the rounded-up end the window is over.
+        let plan =
+            decide(&specs, &[stored(3, 2_001)], NOW + 3_000, &ledger(&[]), 10, QuotaMode::Enforce).unwrap();
+        assert_eq!(
+            plan,
+            Plan::Commit { allowances: vec![allowance(3, 2, 60_000)], writes: vec![Write::Renew] }
+        );
+    }
+
+    #[test]
+    fn quota_denial_reports_remaining_window() {
+        let specs = [spec(2, 60_000, 1), spec(2, 60_000, 2)];
+        let rows = [stored(1, 10_000), stored(2, 1_234_000)];
+        let quota = QuotaDenial::new(Capacity::new(2).unwrap(), Delay::from_millis(1_234));
+        assert_eq!(
+            decide(&specs, &rows, NOW, &ledger(&[]), 10, QuotaMode::Enforce).unwrap(),
+            denied(QuotaMode::Enforce, 1, Some(quota))
+        );
+        // A counter above the limit (written by someone else) is exhausted, not malformed.
+        assert!(matches!(
+            decide(&specs[..1], &[stored(9, 5_000)], NOW, &ledger(&[]), 10, QuotaMode::Enforce).unwrap(),
+            Plan::Rollback(denial) if denial.index() == 0 && !denial.is_storage_capacity()
+        ));
+    }
+
+    #[test]
+    fn shadow_denial_yields_to_a_later_capacity_denial() {
+        let specs = [spec(1, 1_000, 1), spec(1, 1_000, 5)];
+        let rows = [stored(1, 500_000), None];
+        let quota = QuotaDenial::new(Capacity::new(1).unwrap(), Delay::from_millis(500));
+        assert_eq!(
+            decide(&specs, &rows, NOW, &ledger(&[(5, 3)]), 4, QuotaMode::Shadow).unwrap(),
+            denied(QuotaMode::Shadow, 0, Some(quota))
+        );
+        let storage = decide(&specs, &rows, NOW, &ledger(&[(5, 4)]), 4, QuotaMode::Shadow).unwrap();
+        assert_eq!(storage, denied(QuotaMode::Shadow, 1, None));
+        let Plan::Rollback(denial) = storage else { unreachable!() };
+        assert_eq!(
+            denial.into_check_decision(None),
+            runlimit_core::Decision::denied(Denial::StorageCapacity { retry_after: None })
+        );
+        assert_eq!(
+            decide(&specs, &rows, NOW, &ledger(&[(5, 4)]), 4, QuotaMode::Enforce).unwrap(),
+            denied(QuotaMode::Enforce, 0, Some(quota))
+        );
+    }
+
+    #[test]
+    fn capacity_counts_new_keys_of_the_same_batch() {
+        let specs = [spec(5, 1_000, 9), spec(5, 1_000, 9), spec(5, 1_000, 9)];
+        let rows = [None, stored(1, 100_000), None];
+        // Shard 9 holds 2 of 3: the first new key fits, the second does not.
+        assert_eq!(
+            decide(&specs, &rows, NOW, &ledger(&[(9, 2)]), 3, QuotaMode::Enforce).unwrap(),
+            denied(QuotaMode::Enforce, 2, None)
+        );
+        // An existing key in a full shard keeps working.
+        assert!(matches!(
+            decide(&specs[1..2], &rows[1..2], NOW, &ledger(&[(9, 3)]), 3, QuotaMode::Enforce).unwrap(),
+            Plan::Commit { .. }
+        ));
+    }
+
+    #[test]
+    fn malformed_responses() {
+        let specs = [spec(5, 1_000, 9)];
+        assert_eq!(
+            decide(&specs, &[stored(0, 5_000)], NOW, &ledger(&[]), 3, QuotaMode::Enforce),
+            Err("stored used below 1")
+        );
+        assert_eq!(
+            decide(&specs, &[stored(-1, 5_000)], NOW, &ledger(&[]), 3, QuotaMode::Enforce),
+            Err("stored used below 1")
+        );
+        assert_eq!(
+            decide(&specs, &[None], NOW, &ledger(&[]), 3, QuotaMode::Enforce),
+            Err("missing capacity ledger row")
+        );
+        assert_eq!(
+            decide(&specs, &[], NOW, &ledger(&[]), 3, QuotaMode::Enforce),
+            Err("counter rows do not match the checks")
+        );
+    }
+}

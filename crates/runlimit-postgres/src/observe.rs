@@ -1,0 +1,140 @@
+//! Observation bookkeeping shared by every limiter: what an admission transaction produced,
+//! turned into its decision and reported to the observer.
+
+use std::time::Instant;
+
+use runlimit_core::{
+    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
+    BatchDecisionError, Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Observation,
+    Observer, QuotaMode, RateLimitPolicy,
+    backend::{admission_outcome, batch, batch_admission_outcome, notify},
+};
+
+use crate::error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError};
+pub(crate) use crate::store::sealed::Evaluated;
+
+fn observe_admission<O: Observer>(
+    observer: &O,
+    operation: AdmissionOperation<'_>,
+    outcome: AdmissionOutcome,
+    consumption: ConsumptionStatus,
+    started: Instant,
+) {
+    let observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
+    notify(observer, &Observation::Admission(observation));
+}
+
+fn consumption(outcome: AdmissionOutcome) -> ConsumptionStatus {
+    if outcome == AdmissionOutcome::Allowed {
+        ConsumptionStatus::Consumed
+    } else {
+        ConsumptionStatus::NotConsumed
+    }
+}
+
+/// Turns a single check's result into its decision and observes it. PostgreSQL storage
+/// denials carry no delay: only cleanup frees a slot.
+pub(crate) fn finish_check<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    policy: &P,
+    result: Result<Evaluated, CheckError>,
+    started: Instant,
+) -> Result<Decision, CheckError> {
+    let result = result.and_then(|evaluated| match evaluated {
+        Evaluated::Allowed(mut allowances) => {
+            allowances.pop().filter(|_| allowances.is_empty()).map(Decision::allowed).ok_or(
+                CheckError::MalformedResponse { phase: CheckPhase::Preflight, reason: "not one allowance" },
+            )
+        }
+        Evaluated::Denied(denial) => Ok(denial.into_check_decision(None)),
+    });
+    let (outcome, consumption) = match &result {
+        Ok(decision) => {
+            let outcome = admission_outcome(decision);
+            (outcome, consumption(outcome))
+        }
+        Err(error) => (AdmissionOutcome::Failed, error.consumption()),
+    };
+    let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(policy) };
+    observe_admission(observer, operation, outcome, consumption, started);
+    result
+}
+
+/// Validates a batch with [`batch::validate`], observing a structural rejection.
+pub(crate) fn validate<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    checks: &[Check<'_, P>],
+    maximum_batch_size: usize,
+    started: Instant,
+) -> Result<QuotaMode, BatchCheckError> {
+    batch::validate(checks, maximum_batch_size).map_err(|error| {
+        observe_admission(
+            observer,
+            AdmissionOperation::Batch { size: checks.len(), policy: None },
+            AdmissionOutcome::InvalidBatch,
+            ConsumptionStatus::NotConsumed,
+            started,
+        );
+        BatchCheckError::InvalidBatch(error)
+    })
+}
+
+/// Turns a batch's result into its decision and observes it.
+pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    checks: &[Check<'_, P>],
+    result: Result<Evaluated, CheckError>,
+    started: Instant,
+) -> Result<BatchDecision, BatchCheckError> {
+    let batch_size = checks.len();
+    let malformed = |_: BatchDecisionError| {
+        BatchCheckError::Check(CheckError::MalformedResponse {
+            phase: CheckPhase::Preflight,
+            reason: "decision does not fit the batch",
+        })
+    };
+    let result = result.map_err(BatchCheckError::Check).and_then(|evaluated| match evaluated {
+        Evaluated::Allowed(allowances) if allowances.len() == batch_size => {
+            batch::allowed(allowances).map(|decision| (decision, None)).map_err(malformed)
+        }
+        Evaluated::Allowed(_) => Err(malformed(BatchDecisionError::NoAllowances)),
+        Evaluated::Denied(denial) => denial
+            .into_decision(batch_size, None)
+            .map(|decision| (decision, Some(denial.index())))
+            .map_err(malformed),
+    });
+    let (policy, outcome, consumption) = match &result {
+        Ok((decision, index)) => {
+            let outcome = batch_admission_outcome(decision);
+            let policy =
+                index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()));
+            (policy, outcome, consumption(outcome))
+        }
+        Err(error) => (None, AdmissionOutcome::Failed, error.consumption()),
+    };
+    observe_admission(
+        observer,
+        AdmissionOperation::Batch { size: batch_size, policy },
+        outcome,
+        consumption,
+        started,
+    );
+    result.map(|(decision, _)| decision)
+}
+
+/// Observes a cleanup pass's result.
+pub(crate) fn finish_cleanup<O: Observer>(
+    observer: &O,
+    maximum_rows: u32,
+    result: Result<u64, MaintenanceError>,
+    started: Instant,
+) -> Result<u64, MaintenanceError> {
+    let outcome = match &result {
+        Ok(count) => CleanupOutcome::Removed { count: *count },
+        Err(error) if error.may_have_removed_rows() => CleanupOutcome::Unknown,
+        Err(_) => CleanupOutcome::NoEffect,
+    };
+    let observation = CleanupObservation::new(outcome, u64::from(maximum_rows), started.elapsed());
+    notify(observer, &Observation::Cleanup(observation));
+    result
+}

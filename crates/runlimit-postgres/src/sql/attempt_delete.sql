@@ -1,0 +1,2 @@
+DELETE FROM public.runlimit_attempts
+WHERE attempt_key = $1

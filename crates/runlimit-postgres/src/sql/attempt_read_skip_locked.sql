@@ -1,0 +1,4 @@
+SELECT consecutive_failures, last_failure_at_ms, lease_token, lease_deadline_ms, false AS same_transaction
+FROM public.runlimit_attempts
+WHERE attempt_key = $1
+FOR UPDATE SKIP LOCKED

@@ -1,0 +1,310 @@
+//! [`PostgresStore`]: the one public surface of the quota limiters, generic over what they
+//! count. [`PostgresLimiter`](crate::PostgresLimiter) (anchored fixed windows) and
+//! [`PostgresGcraLimiter`](crate::PostgresGcraLimiter) (GCRA) are its two names.
+
+use std::{fmt, future::Future, marker::PhantomData, time::Instant};
+
+use runlimit_core::{
+    BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter, Observer, RateLimitPolicy,
+};
+use sqlx::PgPool;
+
+use crate::{
+    config::PostgresConfig,
+    error::{BatchCheckError, CheckError, MaintenanceError, MigrationError},
+    migrations::run_migrator,
+    observe::{finish_batch, finish_check, finish_cleanup, validate},
+    transaction,
+};
+
+/// A policy type a [`PostgresStore`] can count: [`FixedWindowPolicy`]
+/// ([`PostgresLimiter`](crate::PostgresLimiter)) or [`GcraPolicy`]
+/// ([`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
+///
+/// Sealed: only this crate implements it, so a store only ever runs the bundled SQL protocols
+/// and the rules of `runlimit_core::backend`.
+pub trait PostgresAlgorithm: RateLimitPolicy + Sized + sealed::Algorithm {}
+
+impl PostgresAlgorithm for FixedWindowPolicy {}
+impl PostgresAlgorithm for GcraPolicy {}
+
+#[expect(
+    unnameable_types,
+    reason = "the sealed half of `PostgresAlgorithm`: only this crate implements and calls it"
+)]
+pub(crate) mod sealed {
+    use sqlx::{PgConnection, migrate::Migrator};
+    use tokio::time::Instant as Deadline;
+
+    use runlimit_core::{Allowance, Check, QuotaMode, RateLimitPolicy, backend::batch::BatchDenial};
+
+    use crate::{
+        config::PostgresConfig,
+        error::{CheckError, MaintenanceError},
+    };
+
+    /// What an admission transaction produced, before observation: every check's allowance
+    /// (it committed) or the batch rule's deciding denial (it rolled back).
+    #[derive(Debug)]
+    pub enum Evaluated {
+        Allowed(Vec<Allowance>),
+        Denied(BatchDenial),
+    }
+
+    /// One algorithm's SQL protocol: its migrations, its admission transaction and its
+    /// cleanup pass. The transaction skeleton (`crate::transaction`) and the public surface
+    /// ([`PostgresStore`](super::PostgresStore)) are shared.
+    pub trait Algorithm: RateLimitPolicy + Sized {
+        /// The algorithm's migrations with `ignore_missing` set, for a shared history.
+        fn migrator() -> Migrator;
+
+        /// The admission transaction of a validated batch on a leased connection: the result
+        /// and whether the transaction finished cleanly (the connection may be reused).
+        fn admit(
+            connection: &mut PgConnection,
+            deadline: Deadline,
+            config: &PostgresConfig,
+            checks: &[Check<'_, Self>],
+            mode: QuotaMode,
+        ) -> impl Future<Output = (Result<Evaluated, CheckError>, bool)> + Send;
+
+        /// One bounded cleanup pass of at least one row.
+        fn cleanup(
+            pool: &sqlx::PgPool,
+            config: &PostgresConfig,
+            maximum_rows: u32,
+        ) -> impl Future<Output = Result<u64, MaintenanceError>> + Send;
+    }
+}
+
+/// A quota limiter stored in PostgreSQL and shared by every replica using the same database,
+/// for one algorithm: anchored fixed windows for [`FixedWindowPolicy`] checks (named
+/// [`PostgresLimiter`](crate::PostgresLimiter)) or GCRA for [`GcraPolicy`] checks (named
+/// [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
+///
+/// Use those two names; this is the type they stand for. Their pages describe each
+/// algorithm's protocol, time, capacity and cleanup. Both share this surface, the transaction
+/// skeleton, the failure classification of [`CheckError`] and the rules of
+/// `runlimit_core::backend`.
+///
+/// # Cancel safety
+///
+/// Quota is evaluated only when a returned future is first polled; creating and dropping an
+/// unpolled future consumes nothing. Dropping a future before it sends `COMMIT` rolls the
+/// transaction back (the connection is closed instead of returned to the pool, and the server
+/// rolls back when the session ends). Dropping it while `COMMIT` is in flight leaves the
+/// outcome unknown, like [`CheckError::CommitTimeout`]. An outer timeout should allow for
+/// [`pool_acquire_timeout`](PostgresConfig::pool_acquire_timeout) plus
+/// [`operation_timeout`](PostgresConfig::operation_timeout) plus scheduling overhead.
+pub struct PostgresStore<P, O = ()> {
+    pool: PgPool,
+    config: PostgresConfig,
+    observer: O,
+    policy: PhantomData<fn() -> P>,
+}
+
+impl<P: PostgresAlgorithm> PostgresStore<P, ()> {
+    /// A limiter on `pool` with the default [`PostgresConfig`] and no observer.
+    ///
+    /// Run [`migrate`](Self::migrate) (or the vendored migrations) before serving traffic.
+    #[must_use]
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool, config: PostgresConfig::default(), observer: (), policy: PhantomData }
+    }
+}
+
+impl<P, O> PostgresStore<P, O> {
+    /// The largest batch [`check_all`](Self::check_all) accepts: 64 checks. Larger batches
+    /// fail with [`BatchError::TooManyChecks`](runlimit_core::BatchError::TooManyChecks).
+    pub const MAX_BATCH_SIZE: usize = 64;
+
+    /// Replaces the configuration (timeouts and the operational rows-per-shard bound).
+    #[must_use]
+    pub fn with_config(mut self, config: PostgresConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Replaces the observer. It receives one [`Observation`](runlimit_core::Observation) per
+    /// admission and cleanup, synchronously, after the transaction is committed or rolled
+    /// back. Observer panics are caught.
+    #[must_use]
+    pub fn with_observer<O2: Observer>(self, observer: O2) -> PostgresStore<P, O2> {
+        PostgresStore { pool: self.pool, config: self.config, observer, policy: PhantomData }
+    }
+
+    /// The connection pool.
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    /// The observer.
+    #[must_use]
+    pub fn observer(&self) -> &O {
+        &self.observer
+    }
+}
+
+impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
+    /// Applies the algorithm's bundled migrations, tolerating versions owned by other
+    /// migrators that share SQLx's `_sqlx_migrations` history (`ignore_missing`): the
+    /// fixed-window stream ([`MIGRATOR`](crate::MIGRATOR)) or the GCRA stream
+    /// ([`GCRA_MIGRATOR`](crate::GCRA_MIGRATOR)), each installing only its own tables.
+    ///
+    /// Runs on a dedicated connection detached from the pool and closed afterwards, so SQLx's
+    /// session-level migration advisory lock can never leak back into the pool when a
+    /// migration fails. Not bounded by the operation timeout: a migration may rewrite a table
+    /// under an `ACCESS EXCLUSIVE` lock. Idempotent: applied versions are skipped after their
+    /// checksum is verified. The future is `Send`, so migrating can run on a spawned task. See
+    /// the [operations guide](crate::operations#migrations) for sharing the history with a
+    /// host application.
+    ///
+    /// # Errors
+    ///
+    /// [`MigrationError::PoolTimeout`] / [`MigrationError::Acquire`] when no connection can be
+    /// acquired; [`MigrationError::Migrate`] when SQLx's migrator fails (for example
+    /// `VersionMismatch` for a version another migrator applied with different SQL).
+    pub async fn migrate(&self) -> Result<(), MigrationError> {
+        run_migrator(&self.pool, &self.config, &P::migrator()).await
+    }
+
+    /// Evaluates one check, consuming one unit when allowed.
+    ///
+    /// # Errors
+    ///
+    /// Every [`CheckError`] variant; see its docs for when each occurs and
+    /// [`CheckError::consumption`] for whether quota may have been consumed. A denial is not an
+    /// error: it is an `Ok` [`Decision`]. An enforced or shadow denial is returned even if the
+    /// rollback that follows it fails (that connection is then closed instead of reused). A
+    /// stored state no evaluation could have produced is a [`CheckError::MalformedResponse`].
+    ///
+    /// # Cancel safety
+    ///
+    /// See the [type docs](Self#cancel-safety).
+    pub async fn check(&self, check: &Check<'_, P>) -> Result<Decision, CheckError> {
+        let started = Instant::now();
+        let checks = std::slice::from_ref(check);
+        let mode = check.policy().quota_mode();
+        let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
+            P::admit(connection, deadline, &self.config, checks, mode).await
+        })
+        .await;
+        finish_check(&self.observer, check.policy(), result, started)
+    }
+
+    /// Evaluates an atomic batch of at most [`MAX_BATCH_SIZE`](Self::MAX_BATCH_SIZE) checks
+    /// in one transaction, at one database time: when every check is allowed all are committed
+    /// together and the allowances keep input order; otherwise nothing is consumed and the
+    /// decision names the deciding index (the rule of `runlimit_core::backend::batch`: under
+    /// enforcement the first denial in input order, whatever its reason; in shadow mode a
+    /// storage denial wins over every shadow denial, because storage capacity fails closed in
+    /// every mode).
+    ///
+    /// # Errors
+    ///
+    /// [`BatchCheckError::InvalidBatch`] for a structurally invalid batch (empty, too large,
+    /// mixed quota modes, duplicate keys; checked before any connection is acquired),
+    /// otherwise [`BatchCheckError::Check`] with the same failures as [`check`](Self::check).
+    ///
+    /// # Cancel safety
+    ///
+    /// See the [type docs](Self#cancel-safety).
+    pub async fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, BatchCheckError> {
+        let started = Instant::now();
+        let mode = validate(&self.observer, checks, Self::MAX_BATCH_SIZE, started)?;
+        let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
+            P::admit(connection, deadline, &self.config, checks, mode).await
+        })
+        .await;
+        finish_batch(&self.observer, checks, result, started)
+    }
+
+    /// Deletes at most `maximum_rows` expired rows, oldest expiry first, freeing their
+    /// capacity-ledger slots, and returns how many were deleted. Expired rows never affect
+    /// decisions; cleanup only reclaims storage and capacity, so schedule it periodically (see
+    /// the [operations guide](crate::operations#cleanup)). Each algorithm's page describes its
+    /// pass. `maximum_rows == 0` returns `Ok(0)` without touching the database.
+    ///
+    /// # Errors
+    ///
+    /// Every [`MaintenanceError`] variant; only the commit-outcome-unknown ones
+    /// ([`MaintenanceError::may_have_removed_rows`]) may have deleted rows.
+    pub async fn cleanup_expired(&self, maximum_rows: u32) -> Result<u64, MaintenanceError> {
+        let started = Instant::now();
+        let result =
+            if maximum_rows == 0 { Ok(0) } else { P::cleanup(&self.pool, &self.config, maximum_rows).await };
+        finish_cleanup(&self.observer, maximum_rows, result, started)
+    }
+}
+
+impl<P, O: Clone> Clone for PostgresStore<P, O> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            config: self.config,
+            observer: self.observer.clone(),
+            policy: PhantomData,
+        }
+    }
+}
+
+impl<P, O> fmt::Debug for PostgresStore<P, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<P: PostgresAlgorithm, O: Observer> Limiter for PostgresStore<P, O> {
+    type Policy = P;
+    type CheckError = CheckError;
+    type CheckAllError = BatchCheckError;
+
+    fn check(&self, check: &Check<'_, P>) -> impl Future<Output = Result<Decision, CheckError>> + Send {
+        Self::check(self, check)
+    }
+
+    fn check_all(
+        &self,
+        checks: &[Check<'_, P>],
+    ) -> impl Future<Output = Result<BatchDecision, BatchCheckError>> + Send {
+        Self::check_all(self, checks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::postgres::PgPoolOptions;
+
+    use crate::{PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter};
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// `tokio::spawn(async move { limiter.migrate().await })` compiles for all three limiters
+    /// (it did not while `migrate` awaited SQLx's `Migrator::run` on a connection). A compile
+    /// test: the spawned tasks are aborted before they connect anywhere.
+    #[tokio::test]
+    async fn migrate_futures_are_send() {
+        let pool = PgPoolOptions::new().connect_lazy("postgres://runlimit@127.0.0.1:1/none").unwrap();
+        let fixed = PostgresLimiter::new(pool.clone());
+        let gcra = PostgresGcraLimiter::new(pool.clone());
+        let attempts = PostgresAttemptLimiter::new(pool);
+        assert_send(&fixed.migrate());
+        assert_send(&gcra.migrate());
+        assert_send(&attempts.migrate());
+        let spawned = [
+            tokio::spawn(async move { fixed.migrate().await }),
+            tokio::spawn(async move { gcra.migrate().await }),
+            tokio::spawn(async move { attempts.migrate().await }),
+        ];
+        for task in spawned {
+            task.abort();
+        }
+    }
+}
