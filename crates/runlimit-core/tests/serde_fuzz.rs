@@ -11,7 +11,7 @@ use std::{cell::RefCell, collections::BTreeMap, fmt::Debug, time::Duration};
 
 use proptest::{
     prelude::*,
-    test_runner::{Config, TestCaseError, TestRunner},
+    test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner},
 };
 use runlimit_core::{
     Allowance, BatchDecision, Capacity, Decision, Delay, Denial, FixedWindowPolicy, GcraPolicy, MAX_LIMIT,
@@ -327,7 +327,13 @@ fn check_all_text(text: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
 /// Runs `strategy` through [`check_all`] and returns how many inputs each type accepted.
 fn fuzz(strategy: impl Strategy<Value = Value>, cases: u32) -> BTreeMap<&'static str, u32> {
     let accepted = RefCell::new([0u32; 14]);
-    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    // A fixed seed: the acceptance counts below depend on the draw (QuotaMode accepts only two
+    // strings, drawn a handful of times in 2,000 trees), and a random seed left about one run
+    // in a few hundred with none.
+    let mut runner = TestRunner::new_with_rng(
+        Config { cases, ..Config::default() },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     runner
         .run(&strategy, |value| {
             let result = check_all(&value)?;
