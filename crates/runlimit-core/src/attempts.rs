@@ -236,6 +236,36 @@ pub enum AttemptDecision<R> {
     Denied(AttemptDenial),
 }
 
+/// The opaque, consuming receipt of an admitted attempt, holding the subject's single active
+/// lease: `runlimit_memory::MemoryAttemptReceipt` and
+/// `runlimit_postgres::attempts::PostgresAttemptReceipt` are its two forms, each with its
+/// backend's opaque lease token `T`.
+///
+/// Complete it with the limiter that issued it, which consumes it. It is neither `Clone` nor
+/// `Copy`, and only a backend can issue one. Dropping it is no refund: the lease expires as a
+/// failure evaluated at the lease deadline. `Debug` shows the policy identifier only, never the
+/// subject key or the lease token.
+#[must_use = "complete the receipt; dropping it counts as a failure at the lease deadline"]
+pub struct AttemptReceipt<T> {
+    pub(crate) policy: AttemptPolicy,
+    pub(crate) key: crate::key::CounterKey,
+    pub(crate) token: T,
+}
+
+impl<T> AttemptReceipt<T> {
+    /// The attempt policy the attempt was admitted under.
+    #[must_use]
+    pub fn policy(&self) -> &AttemptPolicy {
+        &self.policy
+    }
+}
+
+impl<T: crate::backend::attempts::LeaseToken> std::fmt::Debug for AttemptReceipt<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(T::RECEIPT_NAME).field("policy", self.policy.id()).finish_non_exhaustive()
+    }
+}
+
 /// What completing a receipt recorded. Exhaustive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptCompletionResult {

@@ -41,10 +41,10 @@ use runlimit_core::{
     AttemptSubject, CounterKey, Delay,
     attempts::{
         AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptEvent, AttemptObservation,
-        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
+        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, AttemptReceipt,
     },
     backend::{
-        attempts::{self as rule, AttemptState, Completion},
+        attempts::{self as rule, AttemptState, Completion, LeaseToken, issue, receipt_key, receipt_token},
         is_expired, notify_attempt,
     },
 };
@@ -133,30 +133,26 @@ impl AttemptShard {
 }
 
 /// The opaque, consuming receipt of an admitted attempt, from
-/// [`MemoryAttemptLimiter::acquire`].
+/// [`MemoryAttemptLimiter::acquire`]: an [`AttemptReceipt`] holding a [`MemoryLeaseToken`].
 ///
-/// Complete it with [`MemoryAttemptLimiter::complete`], which consumes it. It is neither
-/// `Clone` nor `Copy`. Dropping it is no refund: the lease expires as a failure evaluated at
-/// the lease deadline. `Debug` shows the policy identifier only, never the subject key or the
+/// Complete it with [`MemoryAttemptLimiter::complete`], which consumes it. It is neither `Clone`
+/// nor `Copy`. Dropping it is no refund: the lease expires as a failure evaluated at the lease
+/// deadline. `Debug` shows the policy identifier only, never the subject key or the
 /// reservation token.
-#[must_use = "complete the receipt; dropping it counts as a failure at the lease deadline"]
-pub struct MemoryAttemptReceipt {
-    policy: AttemptPolicy,
-    key: CounterKey,
-    token: u64,
+pub type MemoryAttemptReceipt = AttemptReceipt<MemoryLeaseToken>;
+
+/// The lease token of a [`MemoryAttemptReceipt`]: a number drawn from one process-wide counter,
+/// so a receipt is never accepted by another limiter, nor by the same subject after its entry
+/// was removed and recreated. Opaque: nothing outside this crate can make one.
+pub struct MemoryLeaseToken(u64);
+
+impl LeaseToken for MemoryLeaseToken {
+    const RECEIPT_NAME: &'static str = "MemoryAttemptReceipt";
 }
 
-impl MemoryAttemptReceipt {
-    /// The attempt policy the attempt was admitted under.
-    #[must_use]
-    pub fn policy(&self) -> &AttemptPolicy {
-        &self.policy
-    }
-}
-
-impl fmt::Debug for MemoryAttemptReceipt {
+impl fmt::Debug for MemoryLeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryAttemptReceipt").field("policy", self.policy.id()).finish_non_exhaustive()
+        f.debug_struct("MemoryLeaseToken").finish_non_exhaustive()
     }
 }
 
@@ -378,7 +374,7 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
             Ok(state) => {
                 let token = next_token();
                 shard.store(key, old_expiry, AttemptEntry { state, token: Some(token) }, policy);
-                Ok(AttemptDecision::Admitted(MemoryAttemptReceipt { policy: policy.clone(), key, token }))
+                Ok(AttemptDecision::Admitted(issue(policy.clone(), key, MemoryLeaseToken(token))))
             }
         }
     }
@@ -408,7 +404,7 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
             Ok(_) => AttemptEvent::Completed(outcome),
             Err(_) => AttemptEvent::Failed,
         };
-        self.observe(&receipt.policy, AttemptOperation::Completion(outcome), event, start);
+        self.observe(receipt.policy(), AttemptOperation::Completion(outcome), event, start);
         result
     }
 
@@ -417,13 +413,13 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
         receipt: &MemoryAttemptReceipt,
         outcome: AttemptOutcome,
     ) -> Result<AttemptCompletionResult, PoisonedShardError> {
-        let key = receipt.key;
-        let policy = &receipt.policy;
+        let key = *receipt_key(receipt);
+        let policy = receipt.policy();
         let reading = clock::millis(&self.clock);
         let mut shard = self.lock(shard_of(&key, self.shards.len()))?;
         let now = shard.clamp(reading);
         let existing = shard.entries.get(&key).copied();
-        let holds = existing.is_some_and(|entry| entry.token == Some(receipt.token));
+        let holds = existing.is_some_and(|entry| entry.token == Some(receipt_token(receipt).0));
         let old_expiry = existing.map(|old| old.state.expires_at_ms(policy));
         let completion = rule::complete(policy, existing.map(|entry| entry.state), holds, outcome, now);
         match completion {

@@ -172,7 +172,9 @@ mod tests;
 pub struct ReadmeDoctests;
 
 pub use crate::algorithm::MemoryAlgorithm;
-pub use crate::attempts::{MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt};
+pub use crate::attempts::{
+    MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt, MemoryLeaseToken,
+};
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::config::{
     DEFAULT_EXPIRED_REMOVALS_PER_CHECK, DEFAULT_MAXIMUM_BATCH_SIZE, DEFAULT_SHARD_COUNT, MAX_BATCH_SIZE,

@@ -34,7 +34,8 @@
 //! initial delay, saturating at the cap).
 //!
 //! Storage capacity (a new subject in a full shard) and lease tokens are the backend's: this
-//! module only says whether a receipt's lease is the one stored, through `holds_lease`.
+//! module only says whether a receipt's lease is the one stored, through `holds_lease`. A
+//! backend issues its receipts with [`issue`], for its own [`LeaseToken`] type.
 //!
 //! # Examples
 //!
@@ -68,10 +69,43 @@
 //! ```
 
 use crate::{
-    attempts::{AttemptCompletionResult, AttemptDenial, AttemptOutcome, AttemptPolicy},
+    attempts::{AttemptCompletionResult, AttemptDenial, AttemptOutcome, AttemptPolicy, AttemptReceipt},
     backend::is_expired,
     delay::Delay,
+    key::CounterKey,
 };
+
+/// A backend's opaque lease token: what its [`AttemptReceipt`]s hold to prove they hold the
+/// live lease. Give it no public constructor, so no receipt can be forged outside the backend.
+pub trait LeaseToken: Send + Sync + 'static {
+    /// The name a receipt holding this token shows in its `Debug` output, such as
+    /// `"MemoryAttemptReceipt"`.
+    const RECEIPT_NAME: &'static str;
+}
+
+/// Issues the receipt of an attempt admitted under `policy` for the subject stored under `key`,
+/// holding the lease proved by `token`.
+pub fn issue<T: LeaseToken>(policy: AttemptPolicy, key: CounterKey, token: T) -> AttemptReceipt<T> {
+    AttemptReceipt { policy, key, token }
+}
+
+/// The storage key of the subject a receipt was issued for.
+#[must_use]
+pub fn receipt_key<T>(receipt: &AttemptReceipt<T>) -> &CounterKey {
+    &receipt.key
+}
+
+/// The lease token a receipt holds.
+#[must_use]
+pub fn receipt_token<T>(receipt: &AttemptReceipt<T>) -> &T {
+    &receipt.token
+}
+
+/// Takes a receipt apart: its policy, its subject's storage key and its token.
+#[must_use]
+pub fn into_parts<T>(receipt: AttemptReceipt<T>) -> (AttemptPolicy, CounterKey, T) {
+    (receipt.policy, receipt.key, receipt.token)
+}
 
 /// One subject's stored attempt state, in whole milliseconds of the backend's clock.
 ///

@@ -60,10 +60,13 @@ use runlimit_core::{
     AttemptSubject, Delay,
     attempts::{
         AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptEvent, AttemptObservation,
-        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy,
+        AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, AttemptReceipt,
     },
     backend::{
-        attempts::{self as rules, AttemptState, Completion},
+        attempts::{
+            self as rules, AttemptState, Completion, LeaseToken, into_parts, issue, receipt_key,
+            receipt_token,
+        },
         notify_attempt,
     },
 };
@@ -140,55 +143,55 @@ impl Stored {
 }
 
 /// The opaque, consuming receipt of an attempt admitted by
-/// [`PostgresAttemptLimiter::acquire`].
+/// [`PostgresAttemptLimiter::acquire`]: an [`AttemptReceipt`] holding a [`PostgresLeaseToken`].
 ///
 /// Complete it with [`complete`](PostgresAttemptLimiter::complete) or, inside a host
 /// transaction, [`claim_in`](PostgresAttemptLimiter::claim_in) /
 /// [`complete_in`](PostgresAttemptLimiter::complete_in); each consumes it. Not `Clone`.
 /// Dropping it is no refund: the lease expires as a failure at its deadline. `Debug` shows the
 /// policy identifier only, never the subject key or the lease token.
-#[must_use = "complete the receipt; dropping it counts as a failure at the lease deadline"]
-pub struct PostgresAttemptReceipt {
-    policy: AttemptPolicy,
-    key: [u8; 64],
-    token: Vec<u8>,
+pub type PostgresAttemptReceipt = AttemptReceipt<PostgresLeaseToken>;
+
+/// The lease token of a [`PostgresAttemptReceipt`]: 16 random bytes (`gen_random_uuid()`)
+/// stored with the lease and rotated by every admission and claim. Opaque: nothing outside
+/// this crate can make one; `Debug` is redacted.
+pub struct PostgresLeaseToken(Vec<u8>);
+
+impl LeaseToken for PostgresLeaseToken {
+    const RECEIPT_NAME: &'static str = "PostgresAttemptReceipt";
 }
 
-impl PostgresAttemptReceipt {
-    /// The attempt policy the attempt was admitted under.
-    #[must_use]
-    pub fn policy(&self) -> &AttemptPolicy {
-        &self.policy
-    }
-}
-
-impl fmt::Debug for PostgresAttemptReceipt {
+impl fmt::Debug for PostgresLeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresAttemptReceipt").field("policy", self.policy.id()).finish_non_exhaustive()
+        f.debug_struct("PostgresLeaseToken").finish_non_exhaustive()
     }
 }
 
 /// A reservation claimed inside a host transaction by
 /// [`PostgresAttemptLimiter::claim_in`]: fenced to that transaction's ID and to the lease token
-/// the claim rotated. Not `Clone`; `Debug` is redacted.
+/// the claim rotated. Not `Clone`; `Debug` shows the policy identifier only.
 #[must_use = "finish the claim with finish_in inside the same transaction"]
-pub struct AttemptClaim {
-    policy: AttemptPolicy,
-    key: [u8; 64],
-    token: Vec<u8>,
+pub struct AttemptClaim(AttemptReceipt<ClaimToken>);
+
+/// The token a claim rotated the lease to (the claim is a receipt of its own kind, so a claim
+/// and a receipt can never stand in for each other).
+struct ClaimToken(Vec<u8>);
+
+impl LeaseToken for ClaimToken {
+    const RECEIPT_NAME: &'static str = "AttemptClaim";
 }
 
 impl AttemptClaim {
     /// The attempt policy.
     #[must_use]
     pub fn policy(&self) -> &AttemptPolicy {
-        &self.policy
+        self.0.policy()
     }
 }
 
 impl fmt::Debug for AttemptClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AttemptClaim").field("policy", self.policy.id()).finish_non_exhaustive()
+        self.0.fmt(f)
     }
 }
 
@@ -494,7 +497,7 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
             }
             Err(_) => AttemptEvent::Failed,
         };
-        self.observe(&receipt.policy, AttemptOperation::Completion(outcome), event, start);
+        self.observe(receipt.policy(), AttemptOperation::Completion(outcome), event, start);
         result
     }
 
@@ -650,9 +653,11 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
             .await?;
         Ok(match admission {
             Admission::Denied(denial) => AttemptDecision::Denied(denial),
-            Admission::Admitted(token) => {
-                AttemptDecision::Admitted(PostgresAttemptReceipt { policy: policy.clone(), key, token })
-            }
+            Admission::Admitted(token) => AttemptDecision::Admitted(issue(
+                policy.clone(),
+                subject.counter_key(),
+                PostgresLeaseToken(token),
+            )),
         })
     }
 
@@ -662,8 +667,14 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         outcome: AttemptOutcome,
     ) -> Result<AttemptCompletionResult, CheckError> {
         self.standalone(async |connection, phase| {
-            let result =
-                complete_locked(connection, &receipt.policy, &receipt.key, &receipt.token, outcome).await?;
+            let result = complete_locked(
+                connection,
+                receipt.policy(),
+                &receipt_key(receipt).to_bytes(),
+                &receipt_token(receipt).0,
+                outcome,
+            )
+            .await?;
             *phase = CheckPhase::Update;
             let commit = result != AttemptCompletionResult::Stale;
             Ok((result, commit))
@@ -691,22 +702,24 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         connection: &mut PgConnection,
         receipt: PostgresAttemptReceipt,
     ) -> Result<AttemptClaimResult, AttemptSeamError> {
-        let stored = read_row(connection, &receipt.key).await?;
+        let (policy, counter_key, PostgresLeaseToken(token)) = into_parts(receipt);
+        let key = counter_key.to_bytes();
+        let stored = read_row(connection, &key).await?;
         let now = now_ms(connection).await?;
         let Some(stored) = stored else { return Ok(AttemptClaimResult::Stale) };
         // An expired lease counts as a failure at its deadline: its receipt is stale.
-        if !stored.holds(&receipt.token) || stored.state.settled(now).lease_deadline_ms.is_none() {
+        if !stored.holds(&token) || stored.state.settled(now).lease_deadline_ms.is_none() {
             return Ok(AttemptClaimResult::Stale);
         }
         let row = sqlx::query(sql::CLAIM)
-            .bind(&receipt.key[..])
+            .bind(&key[..])
             .fetch_one(&mut *connection)
             .await
             .map_err(|source| AttemptSeamError::Database { step: "claim", source })?;
         let token: Vec<u8> = row
             .try_get("lease_token")
             .map_err(|_| AttemptSeamError::MalformedResponse { reason: "undecodable column" })?;
-        Ok(AttemptClaimResult::Claimed(AttemptClaim { policy: receipt.policy, key: receipt.key, token }))
+        Ok(AttemptClaimResult::Claimed(AttemptClaim(issue(policy, counter_key, ClaimToken(token)))))
     }
 
     /// Seam: stages the final `outcome` of a claimed attempt in the claim's transaction.
@@ -726,12 +739,14 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         claim: AttemptClaim,
         outcome: AttemptOutcome,
     ) -> Result<StagedAttemptCompletion, AttemptSeamError> {
-        let stored = read_row(connection, &claim.key).await?;
+        let claim = &claim.0;
+        let key = receipt_key(claim).to_bytes();
+        let stored = read_row(connection, &key).await?;
         let now = now_ms(connection).await?;
         let result = match stored {
-            Some(stored) if stored.same_transaction && stored.holds(&claim.token) => {
-                let completion = rules::record(&claim.policy, stored.state, outcome, now);
-                write_completion(connection, &claim.policy, &claim.key, completion).await?
+            Some(stored) if stored.same_transaction && stored.holds(&receipt_token(claim).0) => {
+                let completion = rules::record(claim.policy(), stored.state, outcome, now);
+                write_completion(connection, claim.policy(), &key, completion).await?
             }
             _ => AttemptCompletionResult::Stale,
         };
@@ -752,8 +767,9 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         receipt: PostgresAttemptReceipt,
         outcome: AttemptOutcome,
     ) -> Result<StagedAttemptCompletion, AttemptSeamError> {
+        let key = receipt_key(&receipt).to_bytes();
         let result =
-            complete_locked(connection, &receipt.policy, &receipt.key, &receipt.token, outcome).await?;
+            complete_locked(connection, receipt.policy(), &key, &receipt_token(&receipt).0, outcome).await?;
         Ok(StagedAttemptCompletion { result })
     }
 }
