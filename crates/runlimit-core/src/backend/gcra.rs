@@ -229,23 +229,141 @@ pub enum GcraError {
     StateOutOfRange,
 }
 
-/// `a / b` for `b > 0`. A `u128` division is a library call even when both operands fit in
-/// 64 bits, as they do for every realistic policy and clock; this takes the single-instruction
-/// 64-bit path then. Same result either way.
-#[inline]
-fn div(a: u128, b: u128) -> u128 {
-    match (u64::try_from(a), u64::try_from(b)) {
-        (Ok(a), Ok(b)) => u128::from(a / b),
-        _ => a / b,
+/// The unsigned integer widths the evaluator computes in: `u64` first (every realistic policy
+/// and clock fits it, and its multiplications and divisions are single instructions), `u128`
+/// when an intermediate does not fit 64 bits (a `u128` division is a library call). One set of
+/// formulas, [`compute`], instantiated for both, so the two widths cannot disagree.
+trait Width: Copy + Ord + std::ops::Sub<Output = Self> {
+    fn of(value: u64) -> Self;
+    fn of_scaled(value: u128) -> Option<Self>;
+    fn scaled(self) -> u128;
+    fn to_u64(self) -> Option<u64>;
+    fn checked_add(self, other: Self) -> Option<Self>;
+    fn checked_mul(self, other: Self) -> Option<Self>;
+    fn saturating_sub(self, other: Self) -> Self;
+    /// `self / divisor` for a divisor of at least 1 (no division-by-zero path).
+    fn over(self, divisor: Self) -> Self;
+    /// `⌈self / divisor⌉` for a divisor of at least 1.
+    fn over_ceil(self, divisor: Self) -> Self;
+}
+
+impl Width for u64 {
+    #[inline(always)]
+    fn of(value: u64) -> Self {
+        value
+    }
+    #[inline(always)]
+    fn of_scaled(value: u128) -> Option<Self> {
+        Self::try_from(value).ok()
+    }
+    #[inline(always)]
+    fn scaled(self) -> u128 {
+        u128::from(self)
+    }
+    #[inline(always)]
+    fn to_u64(self) -> Option<u64> {
+        Some(self)
+    }
+    #[inline(always)]
+    fn checked_add(self, other: Self) -> Option<Self> {
+        self.checked_add(other)
+    }
+    #[inline(always)]
+    fn checked_mul(self, other: Self) -> Option<Self> {
+        self.checked_mul(other)
+    }
+    #[inline(always)]
+    fn saturating_sub(self, other: Self) -> Self {
+        self.saturating_sub(other)
+    }
+    #[inline(always)]
+    fn over(self, divisor: Self) -> Self {
+        std::num::NonZeroU64::new(divisor).map_or(0, |divisor| self / divisor)
+    }
+    #[inline(always)]
+    fn over_ceil(self, divisor: Self) -> Self {
+        std::num::NonZeroU64::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
     }
 }
 
-/// `⌈a / b⌉` for `b > 0`, with the 64-bit fast path of [`div`].
-#[inline]
-fn div_ceil(a: u128, b: u128) -> u128 {
-    match (u64::try_from(a), u64::try_from(b)) {
-        (Ok(a), Ok(b)) => u128::from(a.div_ceil(b)),
-        _ => a.div_ceil(b),
+impl Width for u128 {
+    #[inline(always)]
+    fn of(value: u64) -> Self {
+        Self::from(value)
+    }
+    #[inline(always)]
+    fn of_scaled(value: u128) -> Option<Self> {
+        Some(value)
+    }
+    #[inline(always)]
+    fn scaled(self) -> u128 {
+        self
+    }
+    #[inline(always)]
+    fn to_u64(self) -> Option<u64> {
+        u64::try_from(self).ok()
+    }
+    #[inline(always)]
+    fn checked_add(self, other: Self) -> Option<Self> {
+        self.checked_add(other)
+    }
+    #[inline(always)]
+    fn checked_mul(self, other: Self) -> Option<Self> {
+        self.checked_mul(other)
+    }
+    #[inline(always)]
+    fn saturating_sub(self, other: Self) -> Self {
+        self.saturating_sub(other)
+    }
+    #[inline(always)]
+    fn over(self, divisor: Self) -> Self {
+        std::num::NonZeroU128::new(divisor).map_or(0, |divisor| self / divisor)
+    }
+    #[inline(always)]
+    fn over_ceil(self, divisor: Self) -> Self {
+        std::num::NonZeroU128::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
+    }
+}
+
+/// The formulas of the [module documentation](self) in width `W`, for a validated cost
+/// (`1 ≤ cost ≤ B`). `None` when an intermediate or a reported value does not fit `W` (or a
+/// reported duration does not fit `u64`): the caller retries wider, or reports
+/// [`GcraError::StateOutOfRange`] from `u128`.
+#[inline(always)]
+fn compute<W: Width>(
+    parameters: &GcraParameters,
+    tat: Option<TheoreticalArrivalTime>,
+    now_millis: u64,
+    cost: u64,
+) -> Option<GcraOutcome> {
+    let quota = W::of(parameters.quota.get());
+    let period = W::of(parameters.period.as_millis());
+    let burst = W::of(parameters.burst.get());
+    let now_s = W::of(now_millis).checked_mul(quota)?;
+    let ceiling = now_s.checked_add(burst.checked_mul(period)?)?;
+    let base = match tat {
+        Some(tat) => W::of_scaled(tat.0)?.max(now_s),
+        None => now_s,
+    };
+    let cand = base.checked_add(W::of(cost).checked_mul(period)?)?;
+    if cand <= ceiling {
+        // remaining < B because cand − now_s ≥ cost·P ≥ P, so nothing below can underflow.
+        let remaining = (ceiling - cand).over(period);
+        let ahead = cand - now_s;
+        let replenish = ahead.over_ceil(quota).to_u64()?;
+        let untouched = (burst - remaining).saturating_sub(W::of(1)).checked_mul(period).unwrap_or(ahead);
+        // next unit ≤ replenish, so it fits whenever replenish does.
+        let next_unit = ahead.saturating_sub(untouched).over_ceil(quota).to_u64().unwrap_or(replenish);
+        Some(GcraOutcome::Allowed {
+            tat: TheoreticalArrivalTime(cand.scaled()),
+            remaining: remaining.to_u64()?,
+            replenish_after_millis: replenish,
+            next_unit_after_millis: next_unit,
+        })
+    } else {
+        let retry_after = (cand - ceiling).over_ceil(quota).to_u64()?;
+        let available = ceiling.saturating_sub(base).over(period).to_u64()?;
+        Some(GcraOutcome::Denied { retry_after_millis: retry_after, available })
     }
 }
 
@@ -254,12 +372,15 @@ fn div_ceil(a: u128, b: u128) -> u128 {
 ///
 /// Pure and exact; see the [module documentation](self) for the formulas and rounding.
 /// Clock readings earlier than the stored state are safe: `max(tat, now)` never refills early.
+/// Computed in 64-bit integers when every intermediate fits (every realistic policy and
+/// clock), else in 128-bit integers: the same formulas, so the same answer.
 ///
 /// # Errors
 ///
 /// [`GcraError::ZeroCost`] for `cost == 0`; [`GcraError::CostExceedsBurst`] for
 /// `cost > B`; [`GcraError::StateOutOfRange`] when `tat` is so far in the future that the
 /// arithmetic or a reported duration would overflow.
+#[inline]
 pub fn evaluate(
     parameters: &GcraParameters,
     tat: Option<TheoreticalArrivalTime>,
@@ -273,40 +394,22 @@ pub fn evaluate(
     if cost > burst {
         return Err(GcraError::CostExceedsBurst { cost, burst_capacity: burst });
     }
-    let quota = u128::from(parameters.quota.get());
-    let period = u128::from(parameters.period.as_millis());
-    let burst = u128::from(burst);
-    let cost = u128::from(cost);
-
-    // In range by the MAX_LIMIT / MAX_WINDOW bounds; checked anyway.
-    let now_s = u128::from(now_millis).checked_mul(quota).ok_or(GcraError::StateOutOfRange)?;
-    let span = burst.checked_mul(period).ok_or(GcraError::StateOutOfRange)?;
-    let ceiling = now_s.checked_add(span).ok_or(GcraError::StateOutOfRange)?;
-    let base = tat.map_or(now_s, |tat| tat.0.max(now_s));
-    let cand = cost
-        .checked_mul(period)
-        .and_then(|weight| base.checked_add(weight))
-        .ok_or(GcraError::StateOutOfRange)?;
-
-    let to_u64 = |value: u128| u64::try_from(value).map_err(|_| GcraError::StateOutOfRange);
-    if cand <= ceiling {
-        let remaining = div(ceiling - cand, period);
-        let ahead = cand - now_s;
-        let replenish = div_ceil(ahead, quota);
-        // remaining < B because cand − now_s ≥ cost·P ≥ P.
-        let untouched = (burst - remaining - 1) * period;
-        let next_unit = div_ceil(ahead.saturating_sub(untouched), quota);
-        Ok(GcraOutcome::Allowed {
-            tat: TheoreticalArrivalTime(cand),
-            remaining: to_u64(remaining)?,
-            replenish_after_millis: to_u64(replenish)?,
-            next_unit_after_millis: to_u64(next_unit)?,
-        })
-    } else {
-        let retry_after = div_ceil(cand - ceiling, quota);
-        let available = div(ceiling.saturating_sub(base), period);
-        Ok(GcraOutcome::Denied { retry_after_millis: to_u64(retry_after)?, available: to_u64(available)? })
+    match compute::<u64>(parameters, tat, now_millis, cost) {
+        Some(outcome) => Ok(outcome),
+        None => wide(parameters, tat, now_millis, cost),
     }
+}
+
+/// [`compute`] in `u128`, out of line: only policies or states beyond 64 bits get here.
+#[cold]
+#[inline(never)]
+fn wide(
+    parameters: &GcraParameters,
+    tat: Option<TheoreticalArrivalTime>,
+    now_millis: u64,
+    cost: u64,
+) -> Result<GcraOutcome, GcraError> {
+    compute::<u128>(parameters, tat, now_millis, cost).ok_or(GcraError::StateOutOfRange)
 }
 
 #[cfg(test)]
@@ -447,6 +550,36 @@ mod tests {
                 (2001, 1, Ok((0, 1999))),
             ],
         );
+    }
+
+    proptest::proptest! {
+        /// The 64-bit fast path and the 128-bit path are the same formulas: wherever the
+        /// fast path answers, the wide one answers the same.
+        #[test]
+        fn both_widths_agree(
+            quota in 1u64..=5_000,
+            period in 1u64..=86_400_000,
+            burst in 1u64..=5_000,
+            now in proptest::prop_oneof![0u64..10_000_000, 0u64..=u64::MAX >> 20, proptest::strategy::Just(u64::MAX >> 12)],
+            ahead in proptest::option::of(0u128..2_000_000_000_000),
+            cost_fraction in 0.0f64..1.0,
+        ) {
+            let Ok(p) = GcraParameters::new(
+                Capacity::new(quota).unwrap(),
+                QuotaPeriod::new(Duration::from_millis(period)).unwrap(),
+                Capacity::new(burst).unwrap(),
+            ) else { return Ok(()) };
+            // Truncation intended: a cost from 1 to B.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            let cost = 1 + ((burst - 1) as f64 * cost_fraction) as u64;
+            let tat = ahead.map(|ahead| TheoreticalArrivalTime(u128::from(now) * u128::from(quota) + ahead));
+            let narrow = compute::<u64>(&p, tat, now, cost);
+            let wide = compute::<u128>(&p, tat, now, cost);
+            if let Some(narrow) = narrow {
+                proptest::prop_assert_eq!(Some(narrow), wide);
+            }
+            proptest::prop_assert_eq!(evaluate(&p, tat, now, cost).ok(), wide);
+        }
     }
 
     #[test]
