@@ -173,7 +173,9 @@ pub async fn late_completion_after_lease_expiry_is_stale_and_records_nothing<B: 
 ///
 /// Old lease at 0 (deadline 50, failure 1 at 50, backoff until 150); newer lease at 150
 /// (deadline 200): the old success is stale, the subject is in progress for 50 ms, and the
-/// newer failure is the second (200 ms).
+/// newer failure is the second (200 ms). A lease completed exactly at its deadline has
+/// expired too: admitted at 350 (deadline 400), its success at 400 is stale, and the lease is
+/// the third failure, at 400 (400 ms of backoff left).
 pub async fn stale_receipt_cannot_complete_a_newer_reservation<B: AttemptBackend>(backend: &mut B) {
     let policy = standard_policy();
     let subject = hasher().hash_attempt_for(&policy, b"user@example.test");
@@ -184,6 +186,11 @@ pub async fn stale_receipt_cannot_complete_a_newer_reservation<B: AttemptBackend
     assert_eq!(deny(backend, &subject).await, in_progress(50));
     assert_eq!(backend.complete(newer, AttemptOutcome::Failure).await, failure_recorded(2, 200));
     assert_eq!(deny(backend, &subject).await, backoff(2, 200));
+    backend.advance(200).await; // 350
+    let late = admit(backend, &subject).await;
+    backend.advance(50).await; // 400: the lease deadline
+    assert_eq!(backend.complete(late, AttemptOutcome::Success).await, AttemptCompletionResult::Stale);
+    assert_eq!(deny(backend, &subject).await, backoff(3, 400));
 }
 
 /// A full success resets the subject: after three failures, a success is `Reset`, the next
@@ -241,7 +248,9 @@ pub async fn quiet_expiry_forgets_failure_state<B: AttemptBackend>(backend: &mut
 /// subject. `a` fails at 0 (1, 100 ms) and is admitted at 100 (deadline 10,100; state expiry
 /// 10,300). At 5,000 `a` is in progress for 5,100 ms and the new subject `b` is refused with
 /// 5,300 ms to the shard's earliest expiry. At 10,099 `a` fails: its second failure (the
-/// count survived), state expiry 10,299, 200 ms away for `b`; at 10,299 `b` is admitted.
+/// count survived), state expiry 10,299, 200 ms away for `b`; at 10,299 `b` is admitted. After
+/// `b`'s success, `b` is admitted again (deadline 20,299): in progress 1 ms before the deadline,
+/// and its failure then is its first.
 pub async fn quiet_expiry_never_erases_an_active_lease<B: AttemptBackend>(backend: &mut B) {
     backend.bounded(1).await;
     let policy = attempt_policy("auth.password", "long-lease", 100, 100, 200, 10_000);
@@ -263,6 +272,10 @@ pub async fn quiet_expiry_never_erases_an_active_lease<B: AttemptBackend>(backen
     backend.advance(200).await; // 10,299
     let receipt = admit(backend, &b).await;
     assert_eq!(backend.complete(receipt, AttemptOutcome::Success).await, AttemptCompletionResult::Reset);
+    let receipt = admit(backend, &b).await;
+    backend.advance(9_999).await; // 20,298
+    assert_eq!(deny(backend, &b).await, in_progress(1));
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
 }
 
 /// Different subjects, and the same subject under policies differing in any parameter (id,

@@ -183,6 +183,10 @@ pub async fn shadow_denied_checks_admit_consume_nothing_and_share_counters<
 /// starts a fresh counter for the same subject (first check: `L − 1` available, `W` to
 /// replenish), and none of them touches the base counter. Another subject under the base
 /// policy is independent too.
+///
+/// Base L = 1, W = 1,000 ms; then a roomier base, L = 3, W = 60,000 ms, exhausted at 100 ms,
+/// whose variants each report their own capacity (3, or 4 for the other limit), leave
+/// `L − 1` and replenish after their own window (60,000 ms, or 61,000 for the other window).
 pub async fn every_policy_parameter_starts_an_independent_counter<
     B: QuotaBackend<Policy = FixedWindowPolicy>,
 >(
@@ -205,6 +209,22 @@ pub async fn every_policy_parameter_starts_an_independent_counter<
     }
     assert_eq!(allowed(&decide(backend, &check(&base, subject(2))).await), (0, 1_000));
     assert_eq!(quota_denied(&decide(backend, &check(&base, key)).await), (1, 900));
+
+    let roomy = fixed_window_in("fw.param.roomy", "a", 3, 60_000);
+    let roomy_variants = [
+        (fixed_window_in("fw.param.roomy2", "a", 3, 60_000), 3, 60_000),
+        (fixed_window_in("fw.param.roomy", "b", 3, 60_000), 3, 60_000),
+        (fixed_window_in("fw.param.roomy", "a", 4, 60_000), 4, 60_000),
+        (fixed_window_in("fw.param.roomy", "a", 3, 61_000), 3, 61_000),
+    ];
+    for available in [2, 1, 0] {
+        assert_eq!(allowed(&decide(backend, &check(&roomy, key)).await), (available, 60_000));
+    }
+    assert_eq!(quota_denied(&decide(backend, &check(&roomy, key)).await), (3, 60_000));
+    for (policy, limit, window) in &roomy_variants {
+        let decision = decide(backend, &check(policy, key)).await;
+        assert_eq!(allowed_with_capacity(&decision), (*limit, *limit - 1, *window), "{policy:?}");
+    }
 }
 
 /// A policy at the portable bounds, limit [`MAX_LIMIT`] and window [`MAX_WINDOW`], works with
@@ -287,7 +307,9 @@ pub async fn denied_batch_names_the_first_denied_index_and_consumes_nothing<
 /// (`permits_request`), reports what enforcement would have answered, and consumes nothing,
 /// not even the checks that had quota.
 ///
-/// first: L = 3, second: L = 1, both W = 1,000 ms, anchored at 0 ms by an allowed batch.
+/// first: L = 3, second: L = 1, both W = 1,000 ms, anchored at 0 ms by an allowed batch. The
+/// pair `c`, `d` is shadow-denied at the instant of its allowed batch (retry: the whole
+/// window), and `c` alone then still has its count.
 pub async fn shadow_denied_batch_admits_and_consumes_nothing<B: QuotaBackend<Policy = FixedWindowPolicy>>(
     backend: &mut B,
 ) {
@@ -295,6 +317,10 @@ pub async fn shadow_denied_batch_admits_and_consumes_nothing<B: QuotaBackend<Pol
     let second = fixed_window("fw.shadow.second", 1, 1_000).with_quota_mode(QuotaMode::Shadow);
     let a = check(&first, subject(1));
     let b = check(&second, subject(1));
+    let (c, d) = (check(&first, subject(2)), check(&second, subject(2)));
+    assert_eq!(batch_allowed(&decide_all(backend, &[c, d]).await), [(2, 1_000), (0, 1_000)]);
+    assert_eq!(batch_shadow_denied(&decide_all(backend, &[c, d]).await), (1, 2, 1, 1_000));
+    assert_eq!(allowed(&decide(backend, &c).await), (1, 1_000), "the shadow-denied batch consumed nothing");
     assert_eq!(batch_allowed(&decide_all(backend, &[a, b]).await), [(2, 1_000), (0, 1_000)]);
     backend.advance(100).await;
     assert_eq!(batch_shadow_denied(&decide_all(backend, &[a, b]).await), (1, 2, 1, 900));
@@ -487,7 +513,8 @@ pub async fn full_shard_denies_a_new_key_and_keeps_live_keys<B: QuotaBackend<Pol
 /// (`permits_request` false), not shadow-denied, for the shadow policy and its enforced twin;
 /// the live key is still served (shadow-denied when exhausted).
 ///
-/// Shard of 1 key; shadow L = 1, W = 1,000 ms; `a` anchored at 0 ms, `b` refused at 100 ms.
+/// Shard of 1 key; shadow L = 1, W = 1,000 ms; `a` anchored at 0 ms, `b` refused at 0 ms (the
+/// whole window to `a`'s expiry) and at 100 ms.
 pub async fn full_shard_denies_a_new_key_in_shadow_mode<B: QuotaBackend<Policy = FixedWindowPolicy>>(
     backend: &mut B,
 ) {
@@ -497,6 +524,7 @@ pub async fn full_shard_denies_a_new_key_in_shadow_mode<B: QuotaBackend<Policy =
     let keys = backend.subjects_in_one_shard(2);
     let (a, b) = (check(&shadow, keys[0]), check(&shadow, keys[1]));
     assert_eq!(allowed(&decide(backend, &a).await), (0, 1_000));
+    assert_eq!(storage_denied(&decide(backend, &b).await), storage_retry::<B>(1_000));
     backend.advance(100).await;
     assert_eq!(storage_denied(&decide(backend, &b).await), storage_retry::<B>(900));
     assert_eq!(storage_denied(&decide(backend, &check(&enforced, keys[1])).await), storage_retry::<B>(900));

@@ -205,7 +205,9 @@ pub async fn no_extra_unit_after_a_long_idle<B: QuotaBackend<Policy = GcraPolicy
 /// and 0 (1,000 ms), tat 2,000. At 100 ms (now_s 200): cand 3,000 − ceiling 2,200 → retry
 /// ⌈800/2⌉ = 400, three times in shadow, then under enforcement. At 500 ms (now_s 1,000):
 /// cand 3,000 = ceiling → allowed, 0 left, 1,000 ms (it would be denied had the shadow
-/// denials consumed); then cand 4,000 − 3,000 → retry 500, in shadow too.
+/// denials consumed); then cand 4,000 − 3,000 → retry 500, in shadow too. A second subject,
+/// only ever checked by the shadow policy, takes the same steps: the shadow policy itself is
+/// allowed again at 500 ms (0 left, 1,000 ms).
 pub async fn shadow_exhaustion_consumes_nothing_and_shares_the_counter<
     B: QuotaBackend<Policy = GcraPolicy>,
 >(
@@ -215,16 +217,21 @@ pub async fn shadow_exhaustion_consumes_nothing_and_shares_the_counter<
     let shadow = enforced.clone().with_quota_mode(QuotaMode::Shadow);
     let shadow_key = check(&shadow, subject(1));
     let enforced_key = check(&enforced, subject(1));
+    let shadow_only = check(&shadow, subject(2));
     assert_eq!(allowed(&decide(backend, &shadow_key).await), (1, 500));
     assert_eq!(allowed(&decide(backend, &shadow_key).await), (0, 1_000));
+    assert_eq!(allowed(&decide(backend, &shadow_only).await), (1, 500));
+    assert_eq!(allowed(&decide(backend, &shadow_only).await), (0, 1_000));
     backend.advance(100).await;
     for _ in 0..3 {
         assert_eq!(shadow_denied(&decide(backend, &shadow_key).await), (2, 400));
+        assert_eq!(shadow_denied(&decide(backend, &shadow_only).await), (2, 400));
     }
     assert_eq!(quota_denied(&decide(backend, &enforced_key).await), (2, 400));
     backend.advance(400).await;
     assert_eq!(allowed(&decide(backend, &enforced_key).await), (0, 1_000));
     assert_eq!(shadow_denied(&decide(backend, &shadow_key).await), (2, 500));
+    assert_eq!(allowed(&decide(backend, &shadow_only).await), (0, 1_000));
 }
 
 /// The policy identifier, scope, quota, period and burst capacity are all fingerprinted into

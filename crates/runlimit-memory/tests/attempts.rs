@@ -1,5 +1,8 @@
-//! Manual-clock tests of `MemoryAttemptLimiter` (issue 7): every delay of the backoff sequence,
-//! the cap, quiet expiry, lease expiry as a failure, late success, capacity and observers.
+//! Manual-clock tests of `MemoryAttemptLimiter` (issue 7): every delay of the backoff sequence
+//! and the cap with the store emptied by a success, clock clamping, capacity, observers,
+//! receipts, concurrency and an eager reference model. Quiet expiry, lease expiry as a failure
+//! and late completions, the rules every backend shares, are scenarios of the conformance suite
+//! (`tests/conformance.rs`).
 
 use std::{
     sync::{Arc, Mutex},
@@ -90,110 +93,6 @@ fn backoff_sequence_doubles_to_the_cap_and_success_resets() {
     // After the reset the next failure starts at the initial delay again.
     let receipt = admit(&limiter, &subject);
     assert_eq!(limiter.complete(receipt, AttemptOutcome::Abandoned).unwrap(), failure(1, 100));
-}
-
-#[test]
-fn only_one_active_attempt_per_subject_and_subjects_are_independent() {
-    let policy = policy();
-    let clock = ManualClock::new();
-    let limiter = limiter(10, &clock);
-    let hasher = hasher();
-    let alice = hasher.hash_attempt_for(&policy, b"alice");
-    let bob = hasher.hash_attempt_for(&policy, b"bob");
-    let receipt = admit(&limiter, &alice);
-    clock.advance_millis(20);
-    assert_eq!(denial(&limiter, &alice), AttemptDenial::InProgress { retry_after: Delay::from_millis(30) });
-    let other = admit(&limiter, &bob);
-    assert_eq!(limiter.complete(other, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
-    assert_eq!(limiter.complete(receipt, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Reset);
-    drop(admit(&limiter, &alice));
-}
-
-#[test]
-fn dropped_receipt_expires_as_a_failure_at_the_lease_deadline() {
-    let policy = policy();
-    let clock = ManualClock::new();
-    let limiter = limiter(10, &clock);
-    let subject = hasher().hash_attempt_for(&policy, b"user");
-    clock.set(Duration::from_millis(1_000));
-    drop(admit(&limiter, &subject)); // lease until 1,050
-    clock.set(Duration::from_millis(1_049));
-    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(1) });
-    // At 1,060 the lease (deadline 1,050) counts as failure 1 at 1,050: backoff until 1,150.
-    clock.set(Duration::from_millis(1_060));
-    assert_eq!(denial(&limiter, &subject), backoff(1, 90));
-    clock.set(Duration::from_millis(1_150));
-    // A second dropped lease: failure 2 at 1,200, backoff 200 until 1,400.
-    drop(admit(&limiter, &subject));
-    clock.set(Duration::from_millis(1_399));
-    assert_eq!(denial(&limiter, &subject), backoff(2, 1));
-    clock.set(Duration::from_millis(1_400));
-    let receipt = admit(&limiter, &subject);
-    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(3, 400));
-}
-
-#[test]
-fn late_completion_is_stale_and_cannot_reset_a_newer_reservation() {
-    let policy = policy();
-    let clock = ManualClock::new();
-    let limiter = limiter(10, &clock);
-    let subject = hasher().hash_attempt_for(&policy, b"user");
-    let old = admit(&limiter, &subject); // lease until 50
-    clock.set(Duration::from_millis(150)); // failure 1 at 50, backoff until 150
-    let newer = admit(&limiter, &subject);
-    assert_eq!(limiter.complete(old, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
-    // The newer reservation still holds the lease and the expired one's failure stands.
-    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(50) });
-    assert_eq!(limiter.complete(newer, AttemptOutcome::Failure).unwrap(), failure(2, 200));
-
-    // A success after its own lease deadline is stale too: the lease already failed.
-    clock.set(Duration::from_millis(350));
-    let late = admit(&limiter, &subject);
-    clock.set(Duration::from_millis(400));
-    assert_eq!(limiter.complete(late, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
-    assert_eq!(denial(&limiter, &subject), backoff(3, 400));
-}
-
-#[test]
-fn quiet_period_forgets_failures_but_never_an_active_lease() {
-    let clock = ManualClock::new();
-    let limiter = limiter(10, &clock);
-    let policy = policy();
-    let subject = hasher().hash_attempt_for(&policy, b"user");
-    for expected in [(1, 100), (2, 200), (3, 400)] {
-        let receipt = admit(&limiter, &subject);
-        assert_eq!(
-            limiter.complete(receipt, AttemptOutcome::Failure).unwrap(),
-            failure(expected.0, expected.1)
-        );
-        clock.advance_millis(expected.1);
-    }
-    // The last failure was at 300; quiet expiry at 5,300.
-    clock.set(Duration::from_millis(5_299));
-    let receipt = admit(&limiter, &subject);
-    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(4, 800));
-    clock.set(Duration::from_millis(5_299 + 5_000));
-    let receipt = admit(&limiter, &subject);
-    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100), "forgotten");
-
-    // A lease longer than the quiet period is never erased by quiet expiry.
-    let long = AttemptPolicy::new(
-        PolicyId::new("auth.password").unwrap(),
-        ScopeId::new("long-lease").unwrap(),
-        Duration::from_millis(100),
-        Duration::from_millis(100),
-        Duration::from_millis(100),
-        Duration::from_millis(10_000),
-    )
-    .unwrap();
-    let clock = ManualClock::new();
-    let limiter =
-        MemoryAttemptLimiter::builder(MemoryStoreConfig::new(1).unwrap()).with_clock(clock.clone()).build();
-    let subject = hasher().hash_attempt_for(&long, b"user");
-    let receipt = admit(&limiter, &subject);
-    clock.set(Duration::from_millis(9_999));
-    assert_eq!(denial(&limiter, &subject), AttemptDenial::InProgress { retry_after: Delay::from_millis(1) });
-    assert_eq!(limiter.complete(receipt, AttemptOutcome::Failure).unwrap(), failure(1, 100));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use runlimit_core::{BatchDecisionView, BatchError, Check, Delay, Denial, QuotaDenial, QuotaMode};
+use runlimit_core::{BatchError, Check, Delay, Denial, QuotaDenial, QuotaMode};
 use runlimit_memory::{
     GcraBatchError, GcraStore, ManualClock, MemoryBatchError, MemoryStore, MemoryStoreConfig,
 };
@@ -12,18 +12,6 @@ use crate::support::{allowed, batch_allowed, batch_denied, fixed, gcra, quota_de
 fn store(config: MemoryStoreConfig) -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     (MemoryStore::builder(config).with_clock(clock.clone()).build(), clock)
-}
-
-#[test]
-fn an_allowed_batch_consumes_every_check_and_keeps_input_order() {
-    let (store, clock) = store(MemoryStoreConfig::new(10).unwrap());
-    let client = fixed("login.client", 40, 60_000);
-    let identity = fixed("login.identity", 8, 30_000);
-    let checks = [Check::new(subject(&client, 1)), Check::new(subject(&identity, 2))];
-    assert_eq!(batch_allowed(&store.check_all(&checks).unwrap()), [(39, 60_000), (7, 30_000)]);
-    clock.advance_millis(1_000);
-    let reversed = [checks[1], checks[0]];
-    assert_eq!(batch_allowed(&store.check_all(&reversed).unwrap()), [(6, 29_000), (38, 59_000)]);
 }
 
 #[test]
@@ -44,27 +32,6 @@ fn a_denied_batch_names_the_first_denied_index_and_consumes_nothing() {
     assert_eq!(allowed(&store.check(&a).unwrap()), (4, 1_000));
     assert_eq!(allowed(&store.check(&c).unwrap()), (4, 1_000));
     assert_eq!(store.stats().entries(), 3);
-}
-
-#[test]
-fn a_shadow_denied_batch_admits_and_consumes_nothing() {
-    let (store, _clock) = store(MemoryStoreConfig::new(10).unwrap());
-    let first = fixed("first", 3, 1_000).with_quota_mode(QuotaMode::Shadow);
-    let second = fixed("second", 1, 1_000).with_quota_mode(QuotaMode::Shadow);
-    let a = Check::new(subject(&first, 1));
-    let b = Check::new(subject(&second, 1));
-    assert_eq!(batch_allowed(&store.check_all(&[a, b]).unwrap()), [(2, 1_000), (0, 1_000)]);
-    let decision = store.check_all(&[a, b]).unwrap();
-    assert!(decision.permits_request());
-    let BatchDecisionView::ShadowDenied { index, batch_size, denial } = decision.view() else {
-        panic!("{decision:?}")
-    };
-    assert_eq!((index, batch_size, denial.capacity().get(), denial.retry_after().millis()), (1, 2, 1, 1_000));
-    assert_eq!(
-        allowed(&store.check(&a).unwrap()),
-        (1, 1_000),
-        "the shadow-denied batch did not consume check 0"
-    );
 }
 
 #[test]
@@ -112,24 +79,6 @@ fn a_batch_larger_than_its_shard_can_ever_hold_is_a_structural_error() {
     );
     assert_eq!(error.to_string(), "batch targets 3 keys in shard 0, which holds at most 2");
     assert_eq!(batch_allowed(&store.check_all(&checks[..2]).unwrap()).len(), 2);
-}
-
-#[test]
-fn storage_denials_take_precedence_over_shadow_denials_and_report_retry() {
-    let (store, clock) = store(MemoryStoreConfig::new(2).unwrap());
-    let shadow = fixed("p", 1, 1_000).with_quota_mode(QuotaMode::Shadow);
-    let exhausted = Check::new(subject(&shadow, 1));
-    store.check(&exhausted).unwrap();
-    clock.advance_millis(300);
-    store.check(&Check::new(subject(&shadow, 2))).unwrap();
-    clock.advance_millis(100);
-    // Check 0 would be shadow-denied; check 1 is a new key for a full shard.
-    let decision = store.check_all(&[exhausted, Check::new(subject(&shadow, 3))]).unwrap();
-    assert_eq!(
-        batch_denied(&decision),
-        (1, 2, Denial::StorageCapacity { retry_after: Some(Delay::from_millis(600)) })
-    );
-    assert!(!decision.permits_request());
 }
 
 #[test]

@@ -53,16 +53,6 @@ fn a_full_shard_denies_new_keys_with_the_earliest_expiry_and_keeps_serving_live_
 }
 
 #[test]
-fn storage_denials_fail_closed_in_shadow_mode() {
-    let (store, _clock, _) = store(MemoryStoreConfig::new(1).unwrap());
-    let shadow = fixed("p", 3, 1_000).with_quota_mode(runlimit_core::QuotaMode::Shadow);
-    store.check(&Check::new(subject(&shadow, 1))).unwrap();
-    let decision = store.check(&Check::new(subject(&shadow, 2))).unwrap();
-    assert!(!decision.permits_request());
-    assert_eq!(storage_denied(&decision), Some(1_000));
-}
-
-#[test]
 fn each_check_removes_at_most_the_configured_number_of_expired_entries() {
     let config = MemoryStoreConfig::new(100).unwrap().with_expired_removals_per_check(3).unwrap();
     let (store, clock, recorder) = store(config);

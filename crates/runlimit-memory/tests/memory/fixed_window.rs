@@ -1,98 +1,19 @@
-//! Anchored fixed-window semantics with a manual clock, asserting exact values.
+//! Fixed-window behaviour of the memory store with a manual clock, asserting exact values: its
+//! clock handling (clamping, truncation) and its stats. The rules every backend shares are
+//! scenarios of the conformance suite (`tests/conformance.rs`).
 
 use std::time::Duration;
 
-use runlimit_core::{Check, QuotaMode};
+use runlimit_core::Check;
 use runlimit_memory::{ManualClock, MemoryStore, MemoryStoreConfig};
 
-use crate::support::{allowed, fixed, quota_denied, shadow_denied, subject};
+use crate::support::{allowed, fixed, quota_denied, subject};
 
 fn store(max_keys: usize) -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     let store =
         MemoryStore::builder(MemoryStoreConfig::new(max_keys).unwrap()).with_clock(clock.clone()).build();
     (store, clock)
-}
-
-#[test]
-fn first_allowed_check_anchors_the_window_and_counts_down() {
-    let (store, clock) = store(10);
-    let policy = fixed("login", 3, 1_000);
-    let check = Check::new(subject(&policy, 1));
-    clock.set(Duration::from_millis(5_000));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (2, 1_000));
-    clock.advance_millis(100);
-    assert_eq!(allowed(&store.check(&check).unwrap()), (1, 900));
-    clock.advance_millis(100);
-    assert_eq!(allowed(&store.check(&check).unwrap()), (0, 800));
-    clock.advance_millis(100);
-    assert_eq!(quota_denied(&store.check(&check).unwrap()), (3, 700));
-    clock.set(Duration::from_millis(5_999));
-    assert_eq!(quota_denied(&store.check(&check).unwrap()), (3, 1));
-}
-
-#[test]
-fn the_window_reanchors_exactly_at_the_deadline_not_before() {
-    let (store, clock) = store(10);
-    let policy = fixed("login", 1, 60_000);
-    let check = Check::new(subject(&policy, 1));
-    clock.set(Duration::from_millis(250));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (0, 60_000));
-    clock.set(Duration::from_millis(60_249));
-    assert_eq!(quota_denied(&store.check(&check).unwrap()), (1, 1));
-    clock.set(Duration::from_millis(60_250));
-    // A new window anchored at 60_250, by this check, ending at 120_250.
-    assert_eq!(allowed(&store.check(&check).unwrap()), (0, 60_000));
-    clock.set(Duration::from_millis(90_250));
-    assert_eq!(quota_denied(&store.check(&check).unwrap()), (1, 30_000));
-}
-
-#[test]
-fn a_late_first_check_after_an_idle_gap_anchors_at_its_own_time() {
-    let (store, clock) = store(10);
-    let policy = fixed("login", 2, 1_000);
-    let check = Check::new(subject(&policy, 1));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (1, 1_000));
-    // Long after the window ended: not aligned to multiples of the window.
-    clock.set(Duration::from_millis(3_700));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (1, 1_000));
-    clock.set(Duration::from_millis(4_699));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (0, 1));
-}
-
-#[test]
-fn denied_checks_consume_nothing_and_do_not_move_the_anchor() {
-    let (store, clock) = store(10);
-    let policy = fixed("login", 2, 1_000);
-    let check = Check::new(subject(&policy, 1));
-    store.check(&check).unwrap();
-    store.check(&check).unwrap();
-    for at in [100, 500, 999] {
-        clock.set(Duration::from_millis(at));
-        assert_eq!(quota_denied(&store.check(&check).unwrap()), (2, 1_000 - u128::from(at)));
-    }
-    clock.set(Duration::from_millis(1_000));
-    assert_eq!(allowed(&store.check(&check).unwrap()), (1, 1_000));
-}
-
-#[test]
-fn shadow_exhaustion_admits_consumes_nothing_and_shares_counters_with_enforcement() {
-    let (store, clock) = store(10);
-    let enforced = fixed("login", 2, 1_000);
-    let shadow = enforced.clone().with_quota_mode(QuotaMode::Shadow);
-    let shadow_check = Check::new(subject(&shadow, 7));
-    assert_eq!(allowed(&store.check(&shadow_check).unwrap()), (1, 1_000));
-    assert_eq!(allowed(&store.check(&shadow_check).unwrap()), (0, 1_000));
-    clock.advance_millis(400);
-    let decision = store.check(&shadow_check).unwrap();
-    assert!(decision.permits_request());
-    assert_eq!(shadow_denied(&decision), (2, 600));
-    assert_eq!(shadow_denied(&store.check(&shadow_check).unwrap()), (2, 600));
-    // Same fingerprint: switching to enforcement keeps the warmed counter.
-    let enforced_check = Check::new(subject(&enforced, 7));
-    assert_eq!(quota_denied(&store.check(&enforced_check).unwrap()), (2, 600));
-    clock.advance_millis(600);
-    assert_eq!(allowed(&store.check(&enforced_check).unwrap()), (1, 1_000));
 }
 
 #[test]

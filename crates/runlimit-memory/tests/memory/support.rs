@@ -66,17 +66,6 @@ pub(crate) fn quota_denied(decision: &Decision) -> (u64, u128) {
     }
 }
 
-/// `(capacity, retry_after ms)` of a shadow denial.
-#[track_caller]
-pub(crate) fn shadow_denied(decision: &Decision) -> (u64, u128) {
-    match decision.view() {
-        DecisionView::ShadowDenied { denial } => {
-            (denial.capacity().get(), denial.retry_after().duration().as_millis())
-        }
-        other => panic!("expected a shadow denial, got {other:?}"),
-    }
-}
-
 /// `retry_after` ms of a storage-capacity denial.
 #[track_caller]
 pub(crate) fn storage_denied(decision: &Decision) -> Option<u128> {

@@ -1,4 +1,6 @@
-//! The fixed-window rules, with exact values.
+//! The fixed-window rules on the real database clock, checked against the stored rows. The rules
+//! every backend shares, on a pinned clock, are scenarios of the conformance suite
+//! (`tests/conformance.rs`).
 
 use std::time::Duration;
 
@@ -223,51 +225,6 @@ async fn batches_are_all_or_nothing() {
         .await
         .unwrap();
     assert_eq!(stored, 2 + 64);
-    db.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
-async fn changing_any_policy_parameter_starts_an_independent_counter() {
-    let db = TestDatabase::create("independent_counters").await;
-    let limiter = db.limiter(4).await;
-    let key = subject(8, 1);
-    let base = policy("rules.param", 3, Duration::from_secs(60));
-    let other_id = policy("rules.param2", 3, Duration::from_secs(60));
-    let other_scope = runlimit_core::FixedWindowPolicy::new(
-        runlimit_core::PolicyId::new("rules.param").unwrap(),
-        runlimit_core::ScopeId::new("other").unwrap(),
-        3,
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    let other_limit = policy("rules.param", 4, Duration::from_secs(60));
-    let other_window = policy("rules.param", 3, Duration::from_secs(61));
-
-    for _ in 0..3 {
-        assert!(limiter.check(&check(&base, key)).await.unwrap().permits_request());
-    }
-    assert!(!limiter.check(&check(&base, key)).await.unwrap().permits_request());
-    for (policy, limit, window_ms) in [
-        (&other_id, 3, 60_000),
-        (&other_scope, 3, 60_000),
-        (&other_limit, 4, 60_000),
-        (&other_window, 3, 61_000),
-    ] {
-        let decision = limiter.check(&check(policy, key)).await.unwrap();
-        assert_eq!(
-            decision.view(),
-            DecisionView::Allowed {
-                allowance: &Allowance::new(
-                    Capacity::new(limit).unwrap(),
-                    limit - 1,
-                    Delay::from_millis(window_ms)
-                )
-                .unwrap()
-            },
-            "{policy:?}"
-        );
-    }
     db.finish().await;
 }
 
