@@ -247,83 +247,53 @@ trait Width: Copy + Ord + std::ops::Sub<Output = Self> {
     fn over_ceil(self, divisor: Self) -> Self;
 }
 
-impl Width for u64 {
-    #[inline(always)]
-    fn of(value: u64) -> Self {
-        value
-    }
-    #[inline(always)]
-    fn of_scaled(value: u128) -> Option<Self> {
-        Self::try_from(value).ok()
-    }
-    #[inline(always)]
-    fn scaled(self) -> u128 {
-        u128::from(self)
-    }
-    #[inline(always)]
-    fn to_u64(self) -> Option<u64> {
-        Some(self)
-    }
-    #[inline(always)]
-    fn checked_add(self, other: Self) -> Option<Self> {
-        self.checked_add(other)
-    }
-    #[inline(always)]
-    fn checked_mul(self, other: Self) -> Option<Self> {
-        self.checked_mul(other)
-    }
-    #[inline(always)]
-    fn saturating_sub(self, other: Self) -> Self {
-        self.saturating_sub(other)
-    }
-    #[inline(always)]
-    fn over(self, divisor: Self) -> Self {
-        std::num::NonZeroU64::new(divisor).map_or(0, |divisor| self / divisor)
-    }
-    #[inline(always)]
-    fn over_ceil(self, divisor: Self) -> Self {
-        std::num::NonZeroU64::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
-    }
+/// One body for both widths: conversions through `From`/`TryFrom` (identities where the types
+/// agree) and divisions by a `NonZero` divisor, so no division-by-zero path is compiled in.
+macro_rules! width {
+    ($width:ty, $non_zero:ty) => {
+        impl Width for $width {
+            #[inline(always)]
+            fn of(value: u64) -> Self {
+                Self::from(value)
+            }
+            #[inline(always)]
+            fn of_scaled(value: u128) -> Option<Self> {
+                Self::try_from(value).ok()
+            }
+            #[inline(always)]
+            fn scaled(self) -> u128 {
+                u128::from(self)
+            }
+            #[inline(always)]
+            fn to_u64(self) -> Option<u64> {
+                u64::try_from(self).ok()
+            }
+            #[inline(always)]
+            fn checked_add(self, other: Self) -> Option<Self> {
+                self.checked_add(other)
+            }
+            #[inline(always)]
+            fn checked_mul(self, other: Self) -> Option<Self> {
+                self.checked_mul(other)
+            }
+            #[inline(always)]
+            fn saturating_sub(self, other: Self) -> Self {
+                self.saturating_sub(other)
+            }
+            #[inline(always)]
+            fn over(self, divisor: Self) -> Self {
+                <$non_zero>::new(divisor).map_or(0, |divisor| self / divisor)
+            }
+            #[inline(always)]
+            fn over_ceil(self, divisor: Self) -> Self {
+                <$non_zero>::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
+            }
+        }
+    };
 }
 
-impl Width for u128 {
-    #[inline(always)]
-    fn of(value: u64) -> Self {
-        Self::from(value)
-    }
-    #[inline(always)]
-    fn of_scaled(value: u128) -> Option<Self> {
-        Some(value)
-    }
-    #[inline(always)]
-    fn scaled(self) -> u128 {
-        self
-    }
-    #[inline(always)]
-    fn to_u64(self) -> Option<u64> {
-        u64::try_from(self).ok()
-    }
-    #[inline(always)]
-    fn checked_add(self, other: Self) -> Option<Self> {
-        self.checked_add(other)
-    }
-    #[inline(always)]
-    fn checked_mul(self, other: Self) -> Option<Self> {
-        self.checked_mul(other)
-    }
-    #[inline(always)]
-    fn saturating_sub(self, other: Self) -> Self {
-        self.saturating_sub(other)
-    }
-    #[inline(always)]
-    fn over(self, divisor: Self) -> Self {
-        std::num::NonZeroU128::new(divisor).map_or(0, |divisor| self / divisor)
-    }
-    #[inline(always)]
-    fn over_ceil(self, divisor: Self) -> Self {
-        std::num::NonZeroU128::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
-    }
-}
+width!(u64, std::num::NonZeroU64);
+width!(u128, std::num::NonZeroU128);
 
 /// The formulas of the [module documentation](self) in width `W`, for a validated cost
 /// (`1 ≤ cost ≤ B`). `None` when an intermediate or a reported value does not fit `W` (or a
