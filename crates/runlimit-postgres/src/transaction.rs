@@ -53,7 +53,7 @@ pub(crate) async fn acquire(pool: &PgPool, config: &PostgresConfig) -> Result<Po
 }
 
 /// A pooled connection for a cleanup pass, within the pool acquisition timeout.
-pub(crate) async fn acquire_for_maintenance(
+async fn acquire_for_maintenance(
     pool: &PgPool,
     config: &PostgresConfig,
 ) -> Result<PooledConnection, MaintenanceError> {
@@ -229,17 +229,32 @@ pub(crate) fn maintenance_failure(
     }
 }
 
-/// Commits a cleanup pass, classifying a failed `COMMIT` by whether it may have committed;
-/// marks the connection clean when acknowledged.
-pub(crate) async fn commit_maintenance(
-    leased: &mut PooledConnection,
-    deadline: Deadline,
-    timeout: Duration,
-) -> Result<(), MaintenanceError> {
+/// Runs one cleanup pass in its own transaction: acquires a pooled connection within the pool
+/// acquisition timeout and gives `work` a fresh operation deadline. `work` returns how many
+/// rows it deleted (`Some`: `COMMIT`, classifying a failed commit by whether it may have
+/// committed) or that it found nothing to delete (`None`: `ROLLBACK`, and `Ok(0)`). The
+/// connection returns to the pool only after an acknowledged `COMMIT` or `ROLLBACK`.
+pub(crate) async fn maintain(
+    pool: &PgPool,
+    config: &PostgresConfig,
+    work: impl AsyncFnOnce(&mut PgConnection, Deadline) -> Result<Option<u64>, MaintenanceError>,
+) -> Result<u64, MaintenanceError> {
+    let timeout = config.operation_timeout();
+    let mut leased = acquire_for_maintenance(pool, config).await?;
+    let deadline = Deadline::now() + timeout;
+    let Some(removed) = work(&mut leased.connection, deadline).await? else {
+        return match script::run(&mut leased.connection, script::ROLLBACK.to_owned(), deadline).await {
+            Ok(_) => {
+                leased.clean = true;
+                Ok(0)
+            }
+            Err(error) => Err(maintenance_failure(error.failure, MaintenancePhase::Begin, timeout)),
+        };
+    };
     match script::run(&mut leased.connection, script::COMMIT.to_owned(), deadline).await {
         Ok(_) => {
             leased.clean = true;
-            Ok(())
+            Ok(removed)
         }
         Err(error) => Err(match error.failure {
             Failure::TimedOut => MaintenanceError::CommitTimeout { timeout },

@@ -319,24 +319,22 @@ impl Algorithm for FixedWindowPolicy {
         maximum_rows: u32,
     ) -> Result<u64, MaintenanceError> {
         let timeout = config.operation_timeout();
-        let mut leased = transaction::acquire_for_maintenance(pool, config).await?;
-        let deadline = Deadline::now() + timeout;
-
-        let mut sql = script::begin().to_owned();
-        sql.push_str(&script::settings(config.server_timeout_millis()));
-        sql.push_str(&sql::cleanup(maximum_rows));
-        let delete_statement = script::BEGIN_STATEMENTS + 1;
-        let output = script::run(&mut leased.connection, sql, deadline).await.map_err(|error| {
-            let phase = if error.completed < delete_statement {
-                MaintenancePhase::Begin
-            } else {
-                MaintenancePhase::Delete
-            };
-            maintenance_failure(error.failure, phase, timeout)
-        })?;
-        let removed = transaction::removed_rows(output.only_row(delete_statement), maximum_rows)?;
-        transaction::commit_maintenance(&mut leased, deadline, timeout).await?;
-        Ok(removed)
+        transaction::maintain(pool, config, async |connection, deadline| {
+            let mut sql = script::begin().to_owned();
+            sql.push_str(&script::settings(config.server_timeout_millis()));
+            sql.push_str(&sql::cleanup(maximum_rows));
+            let delete_statement = script::BEGIN_STATEMENTS + 1;
+            let output = script::run(connection, sql, deadline).await.map_err(|error| {
+                let phase = if error.completed < delete_statement {
+                    MaintenancePhase::Begin
+                } else {
+                    MaintenancePhase::Delete
+                };
+                maintenance_failure(error.failure, phase, timeout)
+            })?;
+            transaction::removed_rows(output.only_row(delete_statement), maximum_rows).map(Some)
+        })
+        .await
     }
 }
 

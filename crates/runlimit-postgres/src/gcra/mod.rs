@@ -277,46 +277,35 @@ impl Algorithm for GcraPolicy {
         maximum_rows: u32,
     ) -> Result<u64, MaintenanceError> {
         let timeout = config.operation_timeout();
-        let mut leased = transaction::acquire_for_maintenance(pool, config).await?;
-        let deadline = Deadline::now() + timeout;
-
-        // Round trip 1: begin, settings, discovery with the shard locks.
-        let mut sql = script::begin().to_owned();
-        sql.push_str(&sql::cleanup_settings(config.server_timeout_millis()));
-        sql.push_str(sql::discover());
-        let discover_statement = script::BEGIN_STATEMENTS + 1;
-        let output = script::run(&mut leased.connection, sql, deadline)
-            .await
-            .map_err(|error| maintenance_failure(error.failure, MaintenancePhase::Begin, timeout))?;
-        let begin_malformed =
-            |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Begin, reason };
-        let mut locked = Vec::new();
-        for row in output.rows_of(discover_statement) {
-            let shard: i16 = row.try_get("shard").map_err(|_| begin_malformed("undecodable column"))?;
-            let now_ms: i64 = row.try_get("now_ms").map_err(|_| begin_malformed("undecodable column"))?;
-            locked.push((shard, now_ms));
-        }
-        if locked.is_empty() {
-            // Nothing expired in an idle shard: end the read-only transaction.
-            return match script::run(&mut leased.connection, script::ROLLBACK.to_owned(), deadline).await {
-                Ok(_) => {
-                    leased.clean = true;
-                    Ok(0)
-                }
-                Err(error) => Err(maintenance_failure(error.failure, MaintenancePhase::Begin, timeout)),
-            };
-        }
-
-        // Round trip 2: the bounded deletion.
-        let phase = MaintenancePhase::Delete;
-        let output = script::run(&mut leased.connection, sql::delete(&locked, maximum_rows), deadline)
-            .await
-            .map_err(|error| maintenance_failure(error.failure, phase, timeout))?;
-        let removed = transaction::removed_rows(output.only_row(0), maximum_rows)?;
-
-        // Round trip 3: commit.
-        transaction::commit_maintenance(&mut leased, deadline, timeout).await?;
-        Ok(removed)
+        transaction::maintain(pool, config, async |connection, deadline| {
+            // Round trip 1: begin, settings, discovery with the shard locks.
+            let mut sql = script::begin().to_owned();
+            sql.push_str(&sql::cleanup_settings(config.server_timeout_millis()));
+            sql.push_str(sql::discover());
+            let discover_statement = script::BEGIN_STATEMENTS + 1;
+            let output = script::run(&mut *connection, sql, deadline)
+                .await
+                .map_err(|error| maintenance_failure(error.failure, MaintenancePhase::Begin, timeout))?;
+            let begin_malformed =
+                |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Begin, reason };
+            let mut locked = Vec::new();
+            for row in output.rows_of(discover_statement) {
+                let shard: i16 = row.try_get("shard").map_err(|_| begin_malformed("undecodable column"))?;
+                let now_ms: i64 = row.try_get("now_ms").map_err(|_| begin_malformed("undecodable column"))?;
+                locked.push((shard, now_ms));
+            }
+            if locked.is_empty() {
+                // Nothing expired in an idle shard: end the read-only transaction.
+                return Ok(None);
+            }
+            // Round trip 2: the bounded deletion; the commit is the third.
+            let phase = MaintenancePhase::Delete;
+            let output = script::run(connection, sql::delete(&locked, maximum_rows), deadline)
+                .await
+                .map_err(|error| maintenance_failure(error.failure, phase, timeout))?;
+            transaction::removed_rows(output.only_row(0), maximum_rows).map(Some)
+        })
+        .await
     }
 }
 
