@@ -24,7 +24,7 @@ use runlimit_core::{
     attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_postgres::{
-    PostgresConfig, PostgresGcraLimiter, PostgresLimiter,
+    PostgresAlgorithm, PostgresConfig, PostgresStore,
     attempts::{PostgresAttemptLimiter, PostgresAttemptReceipt},
 };
 use sqlx::{PgPool, postgres::PgPoolOptions};
@@ -138,17 +138,40 @@ fn keys_in_one_shard(count: usize) -> Vec<SubjectKey> {
     (0..u64::try_from(count).expect("count fits u64")).map(|n| support::subject(SHARED_SHARD, n)).collect()
 }
 
-/// The fixed-window harness: [`PostgresLimiter`] through the pinned clock.
-pub(crate) struct PostgresFixedWindow {
-    environment: Environment,
-    limiter: PostgresLimiter,
+/// The tables a quota algorithm stores its state in.
+trait Tables: PostgresAlgorithm {
+    /// The counter table and its capacity ledger.
+    const TABLES: (&'static str, &'static str);
 }
 
-impl QuotaBackend for PostgresFixedWindow {
-    type Policy = FixedWindowPolicy;
-    type Limiter = PostgresLimiter;
+impl Tables for FixedWindowPolicy {
+    const TABLES: (&'static str, &'static str) =
+        ("public.runlimit_fixed_windows", "public.runlimit_fixed_window_shards");
+}
 
-    const MAX_BATCH_SIZE: usize = 64;
+impl Tables for GcraPolicy {
+    // The shard watermarks stay when the table is emptied: they are at most the pinned
+    // instant, the same clock.
+    const TABLES: (&'static str, &'static str) = ("public.runlimit_gcra", "public.runlimit_gcra_shards");
+}
+
+/// A quota harness: [`PostgresStore`] for policy `P` through the pinned clock. The
+/// fixed-window and GCRA limiters are one type, so they are one harness.
+pub(crate) struct PostgresQuota<P> {
+    environment: Environment,
+    limiter: PostgresStore<P>,
+}
+
+/// `PostgresLimiter` under the suite.
+pub(crate) type PostgresFixedWindow = PostgresQuota<FixedWindowPolicy>;
+/// `PostgresGcraLimiter` under the suite.
+pub(crate) type PostgresGcra = PostgresQuota<GcraPolicy>;
+
+impl<P: Tables> QuotaBackend for PostgresQuota<P> {
+    type Policy = P;
+    type Limiter = PostgresStore<P>;
+
+    const MAX_BATCH_SIZE: usize = PostgresStore::<P>::MAX_BATCH_SIZE;
     const REPORTS_STORAGE_RETRY: bool = false;
 
     fn run<F>(name: &'static str, scenario: F)
@@ -157,10 +180,10 @@ impl QuotaBackend for PostgresFixedWindow {
     {
         runtime().block_on(async {
             let environment = Environment::create(name, async |pool: &PgPool| {
-                PostgresLimiter::new(pool.clone()).migrate().await.expect("migrate the fixed-window tables");
+                PostgresStore::<P>::new(pool.clone()).migrate().await.expect("migrate");
             })
             .await;
-            let limiter = PostgresLimiter::new(environment.proxied.clone());
+            let limiter = PostgresStore::new(environment.proxied.clone());
             let mut backend = Self { environment, limiter };
             scenario(&mut backend).await;
             backend.environment.finish().await;
@@ -172,64 +195,10 @@ impl QuotaBackend for PostgresFixedWindow {
     }
 
     async fn bounded(&mut self, keys_per_shard: usize) {
-        self.environment
-            .empty("public.runlimit_fixed_windows", Some("public.runlimit_fixed_window_shards"))
-            .await;
-        self.limiter = PostgresLimiter::new(self.environment.proxied.clone())
-            .with_config(bounded_config(keys_per_shard));
-    }
-
-    fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey> {
-        keys_in_one_shard(count)
-    }
-
-    async fn advance(&mut self, millis: u64) {
-        self.environment.clock.advance(millis).await;
-    }
-
-    async fn reclaim_expired(&mut self) {
-        self.limiter.cleanup_expired(1_000).await.expect("cleanup_expired");
-    }
-}
-
-/// The GCRA harness: [`PostgresGcraLimiter`] through the pinned clock.
-pub(crate) struct PostgresGcra {
-    environment: Environment,
-    limiter: PostgresGcraLimiter,
-}
-
-impl QuotaBackend for PostgresGcra {
-    type Policy = GcraPolicy;
-    type Limiter = PostgresGcraLimiter;
-
-    const MAX_BATCH_SIZE: usize = 64;
-    const REPORTS_STORAGE_RETRY: bool = false;
-
-    fn run<F>(name: &'static str, scenario: F)
-    where
-        F: AsyncFnOnce(&mut Self),
-    {
-        runtime().block_on(async {
-            let environment = Environment::create(name, async |pool: &PgPool| {
-                PostgresGcraLimiter::new(pool.clone()).migrate().await.expect("migrate the GCRA tables");
-            })
-            .await;
-            let limiter = PostgresGcraLimiter::new(environment.proxied.clone());
-            let mut backend = Self { environment, limiter };
-            scenario(&mut backend).await;
-            backend.environment.finish().await;
-        });
-    }
-
-    fn limiter(&self) -> &Self::Limiter {
-        &self.limiter
-    }
-
-    async fn bounded(&mut self, keys_per_shard: usize) {
-        // The shard watermarks stay: they are at most the pinned instant, the same clock.
-        self.environment.empty("public.runlimit_gcra", Some("public.runlimit_gcra_shards")).await;
-        self.limiter = PostgresGcraLimiter::new(self.environment.proxied.clone())
-            .with_config(bounded_config(keys_per_shard));
+        let (table, ledger) = P::TABLES;
+        self.environment.empty(table, Some(ledger)).await;
+        self.limiter =
+            PostgresStore::new(self.environment.proxied.clone()).with_config(bounded_config(keys_per_shard));
     }
 
     fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey> {
