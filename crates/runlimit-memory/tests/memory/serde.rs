@@ -58,3 +58,37 @@ fn stats_serialize_for_telemetry() {
         )
     );
 }
+
+/// Live instances and key material implement no serde trait, even with the `serde` feature on
+/// (which enables `runlimit-core/serde`), while the configuration does, so the negative
+/// assertions are not vacuous. Checked at compile time.
+mod live_instances {
+    use ::serde::{Deserialize, Serialize, de::DeserializeOwned};
+    use runlimit_core::{CounterKey, KeyHasher, PolicyFingerprint, SubjectKey};
+    use runlimit_memory::{
+        GcraStore, GcraStoreBuilder, MemoryAttemptLimiter, MemoryAttemptLimiterBuilder, MemoryAttemptReceipt,
+        MemoryStore, MemoryStoreBuilder, MemoryStoreConfig,
+    };
+    use static_assertions::{assert_impl_all, assert_not_impl_any};
+
+    assert_impl_all!(MemoryStoreConfig: Serialize, DeserializeOwned);
+    assert_not_impl_any!(MemoryStore: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(GcraStore: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(MemoryStoreBuilder: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(GcraStoreBuilder: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(MemoryAttemptLimiter: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(MemoryAttemptLimiterBuilder: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(MemoryAttemptReceipt: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(SubjectKey: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(CounterKey: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(PolicyFingerprint: Serialize, DeserializeOwned, Deserialize<'static>);
+    assert_not_impl_any!(KeyHasher: Serialize, DeserializeOwned, Deserialize<'static>);
+
+    /// Names the compile-time assertions above in the test list; the positive side round-trips.
+    #[test]
+    fn live_instances_implement_no_serde_traits_but_the_config_does() {
+        let config = MemoryStoreConfig::new(10).unwrap();
+        let json = serde_json::to_string(&config).unwrap();
+        assert_eq!(serde_json::from_str::<MemoryStoreConfig>(&json).unwrap(), config);
+    }
+}

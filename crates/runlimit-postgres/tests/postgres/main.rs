@@ -19,5 +19,6 @@ mod differential;
 mod faults;
 mod migrations;
 mod observer;
+mod promises;
 mod replicas;
 mod rules;
