@@ -415,9 +415,8 @@ impl RateLimitPolicy for FixedWindowPolicy {
 pub struct GcraPolicy {
     id: PolicyId,
     scope: ScopeId,
-    quota: Capacity,
-    period: QuotaPeriod,
-    burst: Capacity,
+    /// Quota, period and burst capacity, with what the evaluator derives from them once.
+    parameters: crate::backend::gcra::GcraParameters,
     mode: QuotaMode,
     fingerprint: PolicyFingerprint,
 }
@@ -445,22 +444,14 @@ impl GcraPolicy {
         let quota = Capacity::named("quota", quota)?;
         let period = QuotaPeriod::named("period", period)?;
         let burst = Capacity::named("burst capacity", burst_capacity)?;
-        let full = u128::from(burst.get())
-            .saturating_mul(u128::from(period.as_millis()))
-            .div_ceil(u128::from(quota.get()));
-        if full > u128::from(MAX_WINDOW_MILLIS) {
-            return Err(PolicyError::ReplenishmentTooLong {
-                millis: full,
-                maximum_millis: MAX_WINDOW_MILLIS,
-            });
-        }
+        let parameters = crate::backend::gcra::GcraParameters::new(quota, period, burst)?;
         let fingerprint = PolicyFingerprint::derive(
             Self::KIND,
             &id,
             &scope,
             &[quota.get(), period.as_millis(), burst.get()],
         );
-        Ok(Self { id, scope, quota, period, burst, mode: QuotaMode::Enforce, fingerprint })
+        Ok(Self { id, scope, parameters, mode: QuotaMode::Enforce, fingerprint })
     }
 
     /// Returns the policy with another quota mode; the fingerprint is unchanged.
@@ -473,27 +464,33 @@ impl GcraPolicy {
     /// Units replenished per [`period`](RateLimitPolicy::period).
     #[must_use]
     pub fn quota(&self) -> Capacity {
-        self.quota
+        self.parameters.quota()
     }
 
     /// The replenishment period.
     #[must_use]
     pub fn period(&self) -> QuotaPeriod {
-        self.period
+        self.parameters.period()
     }
 
     /// The most units a fully rested subject may spend at once.
     #[must_use]
     pub fn burst_capacity(&self) -> Capacity {
-        self.burst
+        self.parameters.burst_capacity()
+    }
+
+    /// The evaluator's parameters, derived once when the policy was built.
+    #[inline]
+    pub(crate) fn parameters(&self) -> &crate::backend::gcra::GcraParameters {
+        &self.parameters
     }
 
     /// Time for an exhausted subject to replenish fully: ⌈burst × period / quota⌉ whole
     /// milliseconds (rounded up), at most [`MAX_WINDOW`].
     #[must_use]
     pub fn full_replenishment(&self) -> QuotaPeriod {
-        let full = u128::from(self.burst.get()) * u128::from(self.period.as_millis());
-        let millis = full.div_ceil(u128::from(self.quota.get()));
+        let full = u128::from(self.burst_capacity().get()) * u128::from(self.period().as_millis());
+        let millis = full.div_ceil(u128::from(self.quota().get()));
         // Validated at construction: 1 <= millis <= MAX_WINDOW_MILLIS.
         QuotaPeriod(u64::try_from(millis).unwrap_or(MAX_WINDOW_MILLIS))
     }
@@ -507,13 +504,13 @@ impl RateLimitPolicy for GcraPolicy {
         &self.scope
     }
     fn quota(&self) -> Capacity {
-        self.quota
+        self.parameters.quota()
     }
     fn period(&self) -> QuotaPeriod {
-        self.period
+        self.parameters.period()
     }
     fn capacity(&self) -> Capacity {
-        self.burst
+        self.parameters.burst_capacity()
     }
     fn quota_mode(&self) -> QuotaMode {
         self.mode
@@ -646,9 +643,9 @@ mod serde_impls {
             GcraRepr {
                 id: self.id.clone(),
                 scope: self.scope.clone(),
-                quota: self.quota.get(),
-                period: self.period.duration(),
-                burst_capacity: self.burst.get(),
+                quota: self.quota().get(),
+                period: Self::period(self).duration(),
+                burst_capacity: self.burst_capacity().get(),
                 quota_mode: self.mode,
             }
             .serialize(serializer)

@@ -56,6 +56,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use strength_reduce::StrengthReducedU64;
+
 use crate::{
     decision::{Allowance, QuotaDenial},
     delay::Delay,
@@ -63,11 +65,43 @@ use crate::{
 };
 
 /// The validated numbers the evaluator needs: quota Q, period P (ms) and burst capacity B.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// It also holds Q and P as strength-reduced divisors, computed once when the parameters are
+/// built (a [`GcraPolicy`] builds them with itself), so the 64-bit evaluation divides by
+/// multiplying: a 64-bit division costs tens of cycles, and a check divides twice. (The
+/// `strength_reduce` crate computes them: a multiplication by a precomputed 128-bit
+/// reciprocal, then shifts.) Equality, hashing and `Debug` see only Q, P and B.
+#[derive(Clone, Copy)]
 pub struct GcraParameters {
     quota: Capacity,
     period: QuotaPeriod,
     burst: Capacity,
+    quota_divisor: StrengthReducedU64,
+    period_divisor: StrengthReducedU64,
+}
+
+impl PartialEq for GcraParameters {
+    fn eq(&self, other: &Self) -> bool {
+        (self.quota, self.period, self.burst) == (other.quota, other.period, other.burst)
+    }
+}
+
+impl Eq for GcraParameters {}
+
+impl std::hash::Hash for GcraParameters {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.quota, self.period, self.burst).hash(state);
+    }
+}
+
+impl std::fmt::Debug for GcraParameters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcraParameters")
+            .field("quota", &self.quota)
+            .field("period", &self.period)
+            .field("burst", &self.burst)
+            .finish()
+    }
 }
 
 impl GcraParameters {
@@ -83,14 +117,17 @@ impl GcraParameters {
         if millis > u128::from(MAX_WINDOW_MILLIS) {
             return Err(PolicyError::ReplenishmentTooLong { millis, maximum_millis: MAX_WINDOW_MILLIS });
         }
-        Ok(Self { quota, period, burst })
+        // Both are at least 1, validated by `Capacity` and `QuotaPeriod`: `new` cannot panic.
+        let quota_divisor = StrengthReducedU64::new(quota.get());
+        let period_divisor = StrengthReducedU64::new(period.as_millis());
+        Ok(Self { quota, period, burst, quota_divisor, period_divisor })
     }
 
-    /// The parameters of `policy` (validated when the policy was built).
+    /// The parameters of `policy` (validated and derived when the policy was built).
     #[inline]
     #[must_use]
     pub fn of(policy: &GcraPolicy) -> Self {
-        Self { quota: policy.quota(), period: policy.period(), burst: policy.burst_capacity() }
+        *policy.parameters()
     }
 
     /// Q: units replenished per period.
@@ -241,16 +278,43 @@ trait Width: Copy + Ord + std::ops::Sub<Output = Self> {
     fn checked_add(self, other: Self) -> Option<Self>;
     fn checked_mul(self, other: Self) -> Option<Self>;
     fn saturating_sub(self, other: Self) -> Self;
-    /// `self / divisor` for a divisor of at least 1 (no division-by-zero path).
-    fn over(self, divisor: Self) -> Self;
-    /// `⌈self / divisor⌉` for a divisor of at least 1.
-    fn over_ceil(self, divisor: Self) -> Self;
+    /// `self / divisor` (a divisor of at least 1: no division-by-zero path).
+    fn over(self, divisor: Divisor) -> Self;
+    /// `⌈self / divisor⌉`.
+    fn over_ceil(self, divisor: Divisor) -> Self;
 }
 
-/// One body for both widths: conversions through `From`/`TryFrom` (identities where the types
-/// agree) and divisions by a `NonZero` divisor, so no division-by-zero path is compiled in.
+/// `value` as a `NonZeroU64`; every Q and P is at least 1 (validated), so 1 is never used.
+#[inline(always)]
+fn non_zero(value: u64) -> std::num::NonZeroU64 {
+    std::num::NonZeroU64::new(value).unwrap_or(std::num::NonZeroU64::MIN)
+}
+
+/// A divisor of the evaluation, Q or P: its value and its strength-reduced form.
+#[derive(Clone, Copy)]
+struct Divisor {
+    value: std::num::NonZeroU64,
+    reduced: StrengthReducedU64,
+}
+
+impl GcraParameters {
+    /// Q as a divisor.
+    #[inline(always)]
+    fn quota_divisor(&self) -> Divisor {
+        Divisor { value: non_zero(self.quota.get()), reduced: self.quota_divisor }
+    }
+
+    /// P as a divisor.
+    #[inline(always)]
+    fn period_divisor(&self) -> Divisor {
+        Divisor { value: non_zero(self.period.as_millis()), reduced: self.period_divisor }
+    }
+}
+
+/// One body for both widths' conversions, through `From`/`TryFrom` (identities where the types
+/// agree); `$over` and `$over_ceil` divide.
 macro_rules! width {
-    ($width:ty, $non_zero:ty) => {
+    ($width:ty, |$x:ident, $d:ident| $over:expr, $over_ceil:expr) => {
         impl Width for $width {
             #[inline(always)]
             fn of(value: u64) -> Self {
@@ -281,19 +345,26 @@ macro_rules! width {
                 self.saturating_sub(other)
             }
             #[inline(always)]
-            fn over(self, divisor: Self) -> Self {
-                <$non_zero>::new(divisor).map_or(0, |divisor| self / divisor)
+            fn over(self, divisor: Divisor) -> Self {
+                let ($x, $d) = (self, divisor);
+                $over
             }
             #[inline(always)]
-            fn over_ceil(self, divisor: Self) -> Self {
-                <$non_zero>::new(divisor).map_or(0, |divisor| self.div_ceil(divisor.get()))
+            fn over_ceil(self, divisor: Divisor) -> Self {
+                let ($x, $d) = (self, divisor);
+                $over_ceil
             }
         }
     };
 }
 
-width!(u64, std::num::NonZeroU64);
-width!(u128, std::num::NonZeroU128);
+// 64 bits: by the strength-reduced divisor.
+width!(u64, |x, d| x / d.reduced, {
+    let (quotient, remainder) = StrengthReducedU64::div_rem(x, d.reduced);
+    quotient + u64::from(remainder != 0)
+});
+// 128 bits: by the plain divisor (a library call; only for values beyond 64 bits).
+width!(u128, |x, d| x / std::num::NonZeroU128::from(d.value), x.div_ceil(u128::from(d.value.get())));
 
 /// The formulas of the [module documentation](self) in width `W`, for a validated cost
 /// (`1 ≤ cost ≤ B`). `None` when an intermediate or a reported value does not fit `W` (or a
@@ -318,12 +389,16 @@ fn compute<W: Width>(
     let cand = base.checked_add(W::of(cost).checked_mul(period)?)?;
     if cand <= ceiling {
         // remaining < B because cand − now_s ≥ cost·P ≥ P, so nothing below can underflow.
-        let remaining = (ceiling - cand).over(period);
+        let remaining = (ceiling - cand).over(parameters.period_divisor());
         let ahead = cand - now_s;
-        let replenish = ahead.over_ceil(quota).to_u64()?;
+        let replenish = ahead.over_ceil(parameters.quota_divisor()).to_u64()?;
         let untouched = (burst - remaining).saturating_sub(W::of(1)).checked_mul(period).unwrap_or(ahead);
         // next unit ≤ replenish, so it fits whenever replenish does.
-        let next_unit = ahead.saturating_sub(untouched).over_ceil(quota).to_u64().unwrap_or(replenish);
+        let next_unit = ahead
+            .saturating_sub(untouched)
+            .over_ceil(parameters.quota_divisor())
+            .to_u64()
+            .unwrap_or(replenish);
         Some(GcraOutcome::Allowed {
             tat: TheoreticalArrivalTime(cand.scaled()),
             remaining: remaining.to_u64()?,
@@ -331,8 +406,8 @@ fn compute<W: Width>(
             next_unit_after_millis: next_unit,
         })
     } else {
-        let retry_after = (cand - ceiling).over_ceil(quota).to_u64()?;
-        let available = ceiling.saturating_sub(base).over(period).to_u64()?;
+        let retry_after = (cand - ceiling).over_ceil(parameters.quota_divisor()).to_u64()?;
+        let available = ceiling.saturating_sub(base).over(parameters.period_divisor()).to_u64()?;
         Some(GcraOutcome::Denied { retry_after_millis: retry_after, available })
     }
 }
