@@ -53,6 +53,9 @@ pub(crate) mod sealed {
     /// How one check changes one stored entry, and how the engine's failures narrow to the
     /// policy's public error types.
     pub trait Algorithm: RateLimitPolicy + Sized {
+        /// The names the store and its builder show in their `Debug` output.
+        const NAMES: (&'static str, &'static str);
+
         /// Why the rule may refuse to decide.
         type Error;
 
@@ -74,6 +77,7 @@ pub(crate) mod sealed {
     /// Anchored fixed windows: an entry is `(window deadline, units used)`, decided by
     /// [`fixed_window::evaluate`].
     impl Algorithm for FixedWindowPolicy {
+        const NAMES: (&'static str, &'static str) = ("MemoryStore", "MemoryStoreBuilder");
         type Error = Infallible;
 
         #[inline]
@@ -114,6 +118,7 @@ pub(crate) mod sealed {
     /// replenish_after` from the evaluator (because `now × Q` is a multiple of Q), and `tat =
     /// expires_at × Q − deficit`.
     impl Algorithm for GcraPolicy {
+        const NAMES: (&'static str, &'static str) = ("GcraStore", "GcraStoreBuilder");
         type Error = GcraError;
 
         #[inline]

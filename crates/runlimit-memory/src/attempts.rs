@@ -143,7 +143,18 @@ pub type MemoryAttemptReceipt = AttemptReceipt<MemoryLeaseToken>;
 
 /// The lease token of a [`MemoryAttemptReceipt`]: a number drawn from one process-wide counter,
 /// so a receipt is never accepted by another limiter, nor by the same subject after its entry
-/// was removed and recreated. Opaque: nothing outside this crate can make one.
+/// was removed and recreated. Opaque: nothing outside this crate can make one, and it is not
+/// `Clone`, so no receipt can be issued around the limiter (naming another policy, say):
+///
+/// ```compile_fail
+/// let token = runlimit_memory::MemoryLeaseToken(1); // private field
+/// ```
+///
+/// ```compile_fail
+/// fn copy(receipt: &runlimit_memory::MemoryAttemptReceipt) -> runlimit_memory::MemoryLeaseToken {
+///     runlimit_core::backend::attempts::receipt_token(receipt).clone() // not `Clone`
+/// }
+/// ```
 pub struct MemoryLeaseToken(u64);
 
 impl LeaseToken for MemoryLeaseToken {

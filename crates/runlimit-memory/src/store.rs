@@ -254,15 +254,17 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
     }
 }
 
-impl<P, C, O> fmt::Debug for ShardedStore<P, C, O> {
+impl<P: MemoryAlgorithm, C, O> fmt::Debug for ShardedStore<P, C, O> {
+    /// `MemoryStore { .. }` or `GcraStore { .. }`: no keys, no counters.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShardedStore").field("config", self.engine.config()).finish_non_exhaustive()
+        f.debug_struct(P::NAMES.0).finish_non_exhaustive()
     }
 }
 
-impl<P, C, O> fmt::Debug for ShardedStoreBuilder<P, C, O> {
+impl<P: MemoryAlgorithm, C, O> fmt::Debug for ShardedStoreBuilder<P, C, O> {
+    /// `MemoryStoreBuilder { config: .. }` or `GcraStoreBuilder { config: .. }`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShardedStoreBuilder").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct(P::NAMES.1).field("config", &self.config).finish_non_exhaustive()
     }
 }
 

@@ -40,6 +40,8 @@ pub(crate) fn finish_check<O: Observer, P: RateLimitPolicy>(
     result: Result<Evaluated, CheckError>,
     started: Instant,
 ) -> Result<Decision, CheckError> {
+    // Unreachable mismatch: a decision commits only with one allowance per check (checked
+    // before COMMIT), so this never reports a committed check as not consumed.
     let result = result.and_then(|evaluated| match evaluated {
         Evaluated::Allowed(mut allowances) => {
             allowances.pop().filter(|_| allowances.is_empty()).map(Decision::allowed).ok_or(
@@ -93,6 +95,8 @@ pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
             reason: "decision does not fit the batch",
         })
     };
+    // Unreachable mismatch, as for single checks: one allowance per check is checked before
+    // COMMIT.
     let result = result.map_err(BatchCheckError::Check).and_then(|evaluated| match evaluated {
         Evaluated::Allowed(allowances) if allowances.len() == batch_size => {
             batch::allowed(allowances).map(|decision| (decision, None)).map_err(malformed)

@@ -22,7 +22,15 @@ use crate::{
 /// ([`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
 ///
 /// Sealed: only this crate implements it, so a store only ever runs the bundled SQL protocols
-/// and the rules of `runlimit_core::backend`.
+/// and the rules of `runlimit_core::backend`, and only this crate can call its protocol, so
+/// every admission goes through batch validation, the transaction skeleton and the observer:
+///
+/// ```compile_fail
+/// use runlimit_postgres::{PostgresAlgorithm, PostgresConfig};
+/// async fn bypass<P: PostgresAlgorithm>(pool: &sqlx::PgPool, config: &PostgresConfig) {
+///     let _ = P::cleanup(pool, config, 10).await; // not callable outside the crate
+/// }
+/// ```
 pub trait PostgresAlgorithm: RateLimitPolicy + Sized + sealed::Algorithm {}
 
 impl PostgresAlgorithm for FixedWindowPolicy {}
@@ -51,16 +59,36 @@ pub(crate) mod sealed {
         Denied(BatchDenial),
     }
 
+    /// Proof of being this crate: every method of [`Algorithm`] takes one, and nothing
+    /// outside the crate can make one, so nothing outside it can call them (and so skip batch
+    /// validation, the observer or the transaction skeleton).
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Internal(());
+
+    impl Internal {
+        pub(crate) const fn new() -> Self {
+            Self(())
+        }
+    }
+
     /// One algorithm's SQL protocol: its migrations, its admission transaction and its
     /// cleanup pass. The transaction skeleton (`crate::transaction`) and the public surface
     /// ([`PostgresStore`](super::PostgresStore)) are shared.
+    #[expect(
+        private_interfaces,
+        reason = "sealed: each method takes an `Internal`, which only this crate can make"
+    )]
     pub trait Algorithm: RateLimitPolicy + Sized {
+        /// The name the store shows in its `Debug` output.
+        const NAME: &'static str;
+
         /// The algorithm's migrations with `ignore_missing` set, for a shared history.
-        fn migrator() -> Migrator;
+        fn migrator(internal: Internal) -> Migrator;
 
         /// The admission transaction of a validated batch on a leased connection: the result
         /// and whether the transaction finished cleanly (the connection may be reused).
         fn admit(
+            internal: Internal,
             connection: &mut PgConnection,
             deadline: Deadline,
             config: &PostgresConfig,
@@ -70,6 +98,7 @@ pub(crate) mod sealed {
 
         /// One bounded cleanup pass of at least one row.
         fn cleanup(
+            internal: Internal,
             pool: &sqlx::PgPool,
             config: &PostgresConfig,
             maximum_rows: u32,
@@ -172,7 +201,7 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
     /// acquired; [`MigrationError::Migrate`] when SQLx's migrator fails (for example
     /// `VersionMismatch` for a version another migrator applied with different SQL).
     pub async fn migrate(&self) -> Result<(), MigrationError> {
-        run_migrator(&self.pool, &self.config, &P::migrator()).await
+        run_migrator(&self.pool, &self.config, &P::migrator(sealed::Internal::new())).await
     }
 
     /// Evaluates one check, consuming one unit when allowed.
@@ -193,7 +222,7 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let checks = std::slice::from_ref(check);
         let mode = check.policy().quota_mode();
         let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
-            P::admit(connection, deadline, &self.config, checks, mode).await
+            P::admit(sealed::Internal::new(), connection, deadline, &self.config, checks, mode).await
         })
         .await;
         finish_check(&self.observer, check.policy(), result, started)
@@ -220,7 +249,7 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let started = Instant::now();
         let mode = validate(&self.observer, checks, Self::MAX_BATCH_SIZE, started)?;
         let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
-            P::admit(connection, deadline, &self.config, checks, mode).await
+            P::admit(sealed::Internal::new(), connection, deadline, &self.config, checks, mode).await
         })
         .await;
         finish_batch(&self.observer, checks, result, started)
@@ -238,8 +267,11 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
     /// ([`MaintenanceError::may_have_removed_rows`]) may have deleted rows.
     pub async fn cleanup_expired(&self, maximum_rows: u32) -> Result<u64, MaintenanceError> {
         let started = Instant::now();
-        let result =
-            if maximum_rows == 0 { Ok(0) } else { P::cleanup(&self.pool, &self.config, maximum_rows).await };
+        let result = if maximum_rows == 0 {
+            Ok(0)
+        } else {
+            P::cleanup(sealed::Internal::new(), &self.pool, &self.config, maximum_rows).await
+        };
         finish_cleanup(&self.observer, maximum_rows, result, started)
     }
 }
@@ -255,9 +287,10 @@ impl<P, O: Clone> Clone for PostgresStore<P, O> {
     }
 }
 
-impl<P, O> fmt::Debug for PostgresStore<P, O> {
+impl<P: PostgresAlgorithm, O> fmt::Debug for PostgresStore<P, O> {
+    /// `PostgresLimiter { config: .. }` or `PostgresGcraLimiter { config: .. }`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct(P::NAME).field("config", &self.config).finish_non_exhaustive()
     }
 }
 

@@ -76,7 +76,11 @@ use crate::{
 };
 
 /// A backend's opaque lease token: what its [`AttemptReceipt`]s hold to prove they hold the
-/// live lease. Give it no public constructor, so no receipt can be forged outside the backend.
+/// live lease.
+///
+/// Give it no public constructor and no `Clone`: [`issue`] takes the token by value and a
+/// receipt lends it only by reference ([`receipt_token`]), so nobody outside the backend can
+/// issue a receipt (for instance one naming another policy) that the backend would accept.
 pub trait LeaseToken: Send + Sync + 'static {
     /// The name a receipt holding this token shows in its `Debug` output, such as
     /// `"MemoryAttemptReceipt"`.
@@ -99,12 +103,6 @@ pub fn receipt_key<T>(receipt: &AttemptReceipt<T>) -> &CounterKey {
 #[must_use]
 pub fn receipt_token<T>(receipt: &AttemptReceipt<T>) -> &T {
     &receipt.token
-}
-
-/// Takes a receipt apart: its policy, its subject's storage key and its token.
-#[must_use]
-pub fn into_parts<T>(receipt: AttemptReceipt<T>) -> (AttemptPolicy, CounterKey, T) {
-    (receipt.policy, receipt.key, receipt.token)
 }
 
 /// One subject's stored attempt state, in whole milliseconds of the backend's clock.

@@ -602,9 +602,9 @@ mod tests {
         /// fast path answers, the wide one answers the same.
         #[test]
         fn both_widths_agree(
-            quota in 1u64..=5_000,
-            period in 1u64..=86_400_000,
-            burst in 1u64..=5_000,
+            quota in proptest::prop_oneof![1u64..=5_000, 1u64..=crate::MAX_LIMIT, proptest::strategy::Just(1u64 << 40)],
+            period in proptest::prop_oneof![1u64..=86_400_000, 1u64..=crate::MAX_WINDOW_MILLIS, proptest::strategy::Just(1u64 << 32)],
+            burst in proptest::prop_oneof![1u64..=5_000, 1u64..=crate::MAX_LIMIT, proptest::strategy::Just(1u64)],
             now in proptest::prop_oneof![0u64..10_000_000, 0u64..=u64::MAX >> 20, proptest::strategy::Just(u64::MAX >> 12)],
             ahead in proptest::option::of(0u128..2_000_000_000_000),
             cost_fraction in 0.0f64..1.0,
@@ -620,6 +620,13 @@ mod tests {
             let tat = ahead.map(|ahead| TheoreticalArrivalTime(u128::from(now) * u128::from(quota) + ahead));
             let narrow = compute::<u64>(&p, tat, now, cost);
             let wide = compute::<u128>(&p, tat, now, cost);
+            // The widths differ only in their division: check the 64-bit one against `/`.
+            for divisor in [p.quota_divisor(), p.period_divisor()] {
+                for x in [now, now.wrapping_mul(3), u64::MAX, u64::MAX - 1, divisor.value.get(), 0] {
+                    proptest::prop_assert_eq!(x.over(divisor), x / divisor.value.get());
+                    proptest::prop_assert_eq!(x.over_ceil(divisor), x.div_ceil(divisor.value.get()));
+                }
+            }
             if let Some(narrow) = narrow {
                 proptest::prop_assert_eq!(Some(narrow), wide);
             }

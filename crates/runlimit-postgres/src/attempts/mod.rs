@@ -63,10 +63,7 @@ use runlimit_core::{
         AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, AttemptReceipt,
     },
     backend::{
-        attempts::{
-            self as rules, AttemptState, Completion, LeaseToken, into_parts, issue, receipt_key,
-            receipt_token,
-        },
+        attempts::{self as rules, AttemptState, Completion, LeaseToken, issue, receipt_key, receipt_token},
         notify_attempt,
     },
 };
@@ -702,13 +699,14 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         connection: &mut PgConnection,
         receipt: PostgresAttemptReceipt,
     ) -> Result<AttemptClaimResult, AttemptSeamError> {
-        let (policy, counter_key, PostgresLeaseToken(token)) = into_parts(receipt);
+        let counter_key = *receipt_key(&receipt);
         let key = counter_key.to_bytes();
+        let token = &receipt_token(&receipt).0;
         let stored = read_row(connection, &key).await?;
         let now = now_ms(connection).await?;
         let Some(stored) = stored else { return Ok(AttemptClaimResult::Stale) };
         // An expired lease counts as a failure at its deadline: its receipt is stale.
-        if !stored.holds(&token) || stored.state.settled(now).lease_deadline_ms.is_none() {
+        if !stored.holds(token) || stored.state.settled(now).lease_deadline_ms.is_none() {
             return Ok(AttemptClaimResult::Stale);
         }
         let row = sqlx::query(sql::CLAIM)
@@ -719,7 +717,11 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
         let token: Vec<u8> = row
             .try_get("lease_token")
             .map_err(|_| AttemptSeamError::MalformedResponse { reason: "undecodable column" })?;
-        Ok(AttemptClaimResult::Claimed(AttemptClaim(issue(policy, counter_key, ClaimToken(token)))))
+        Ok(AttemptClaimResult::Claimed(AttemptClaim(issue(
+            receipt.policy().clone(),
+            counter_key,
+            ClaimToken(token),
+        ))))
     }
 
     /// Seam: stages the final `outcome` of a claimed attempt in the claim's transaction.

@@ -29,7 +29,7 @@ use crate::{
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
-    store::sealed::Algorithm,
+    store::sealed::{Algorithm, Internal},
     transaction::{self, Plan, check_failure, maintenance_failure},
 };
 
@@ -156,10 +156,14 @@ fn decide(
                 }
             }
         }
-        // No later check can change the deciding denial: stop reading.
-        if precedence.is_settled() {
+        // Under enforcement no later check can change the deciding denial: stop reading. (In
+        // shadow mode every row is read, so a malformed one anywhere is reported.)
+        if mode == QuotaMode::Enforce && precedence.is_settled() {
             break;
         }
+    }
+    if precedence.denial().is_none() && allowances.len() != specs.len() {
+        return Err("allowances do not match the checks");
     }
     Ok(Plan::of(&precedence, allowances, writes))
 }
@@ -280,12 +284,16 @@ fn render_writes(keys: &[[u8; 64]], specs: &[Spec], writes: &[Write], anchor_us:
 }
 
 /// The fixed-window protocol (see [`PostgresLimiter`](crate::PostgresLimiter)).
+#[expect(private_interfaces, reason = "the sealed half of `PostgresAlgorithm`: only this crate calls it")]
 impl Algorithm for FixedWindowPolicy {
-    fn migrator() -> Migrator {
+    const NAME: &'static str = "PostgresLimiter";
+
+    fn migrator(_: Internal) -> Migrator {
         crate::migrations::shared_history(&migrations::MIGRATOR)
     }
 
     async fn admit(
+        _: Internal,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -314,6 +322,7 @@ impl Algorithm for FixedWindowPolicy {
     /// admission currently holds are skipped, and the affected ledger rows are locked in
     /// ascending shard order.
     async fn cleanup(
+        _: Internal,
         pool: &PgPool,
         config: &PostgresConfig,
         maximum_rows: u32,

@@ -25,7 +25,7 @@ use crate::{
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
-    store::sealed::Algorithm,
+    store::sealed::{Algorithm, Internal},
     transaction::{self, Plan, check_failure, maintenance_failure},
 };
 
@@ -155,6 +155,9 @@ fn decide(
             }
         }
     }
+    if precedence.denial().is_none() && allowances.len() != specs.len() {
+        return Err("allowances do not match the checks");
+    }
     Ok(Plan::of(&precedence, allowances, writes))
 }
 
@@ -230,12 +233,16 @@ async fn evaluate(
 }
 
 /// The GCRA v1 protocol (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
+#[expect(private_interfaces, reason = "the sealed half of `PostgresAlgorithm`: only this crate calls it")]
 impl Algorithm for GcraPolicy {
-    fn migrator() -> Migrator {
+    const NAME: &'static str = "PostgresGcraLimiter";
+
+    fn migrator(_: Internal) -> Migrator {
         crate::migrations::shared_history(&migrations::GCRA_MIGRATOR)
     }
 
     async fn admit(
+        _: Internal,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -272,6 +279,7 @@ impl Algorithm for GcraPolicy {
     /// whatever the table statistics. Phases: [`MaintenancePhase::Begin`] covers begin,
     /// settings and discovery, [`MaintenancePhase::Delete`] the deletion.
     async fn cleanup(
+        _: Internal,
         pool: &PgPool,
         config: &PostgresConfig,
         maximum_rows: u32,

@@ -1,7 +1,7 @@
 WITH candidates AS MATERIALIZED (
     SELECT w.counter_key, w.capacity_shard
     FROM public.runlimit_fixed_windows AS w
-    WHERE w.window_expires_at <= (SELECT pg_catalog.clock_timestamp())
+    WHERE w.window_expires_at <= (SELECT pg_catalog.date_trunc('milliseconds', pg_catalog.clock_timestamp()))
     ORDER BY w.window_expires_at
     LIMIT {maximum_rows}
     FOR UPDATE OF w SKIP LOCKED

@@ -4,11 +4,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use runlimit_core::{
-    Check, DecisionView, Delay, Denial, GcraPolicy, KeyHasher, PolicyId, ScopeId,
+    Check, Decision, DecisionView, Delay, Denial, GcraPolicy, KeyHasher, PolicyId, QuotaDenial, ScopeId,
     attempts::{AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_postgres::{PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter};
-use sqlx::{ConnectOptions, Connection, PgConnection, Row, postgres::PgSslMode};
+use sqlx::{
+    ConnectOptions, Connection, PgConnection, Row,
+    postgres::{PgPoolOptions, PgSslMode},
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -491,4 +494,62 @@ async fn limiters_decide_at_the_pinned_instant() {
     direct.close().await;
     clock.close().await;
     db.finish().await;
+}
+
+/// Sets the pinned instant to `micros` since the Unix epoch (a sub-millisecond instant, which
+/// `PinnedClock::advance` cannot reach).
+async fn pin_micros(connection: &mut PgConnection, micros: i64) {
+    sqlx::query(
+        "UPDATE public.runlimit_test_clock \
+         SET pinned = pg_catalog.to_timestamp(0) + $1::bigint * INTERVAL '1 microsecond'",
+    )
+    .bind(micros)
+    .execute(connection)
+    .await
+    .expect("pin a sub-millisecond instant");
+}
+
+/// A window written by a release that anchored at the microsecond ends at `origin + 500 µs`.
+/// Admission rounds that end up to `origin + 1 ms`, so at `origin + 700 µs` the window is still
+/// live for it (retry 1 ms); cleanup must agree and keep the row, or the next check would open
+/// a fresh window a fraction of a millisecond early. Regression test: cleanup once compared at
+/// the microsecond and deleted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn cleanup_keeps_a_legacy_window_that_admission_still_counts() {
+    let database = TestDatabase::create("clock_legacy_window").await;
+    let direct = database.pool(2).await;
+    PostgresLimiter::new(direct.clone()).migrate().await.expect("migrate");
+    let clock = PinnedClock::install(&database).await;
+    let proxied = database.pool_with(PgPoolOptions::new().max_connections(2), clock.options()).await;
+    let limiter = PostgresLimiter::new(proxied.clone());
+    let origin_us = clock.origin_ms() * 1_000;
+    let policy = policy("clock.legacy", 1, Duration::from_secs(1));
+    let check = check(&policy, subject(9, 1));
+    sqlx::query(
+        "INSERT INTO public.runlimit_fixed_windows (counter_key, used, window_started_at, window_expires_at) \
+         VALUES ($1, 1, pg_catalog.to_timestamp(0) + $2::bigint * INTERVAL '1 microsecond', \
+                 pg_catalog.to_timestamp(0) + $3::bigint * INTERVAL '1 microsecond')",
+    )
+    .bind(check.counter_key().to_bytes().as_slice())
+    .bind(origin_us + 500 - 1_000_000)
+    .bind(origin_us + 500)
+    .execute(&direct)
+    .await
+    .expect("insert a legacy row");
+    let mut connection = database.connection().await;
+    pin_micros(&mut connection, origin_us + 700).await;
+
+    let quota = QuotaDenial::new(policy.limit(), Delay::from_millis(1));
+    assert_eq!(limiter.check(&check).await.unwrap(), Decision::denied(Denial::QuotaExceeded(quota)));
+    assert_eq!(limiter.cleanup_expired(10).await.unwrap(), 0, "cleanup deleted a window admission counts");
+    assert_eq!(limiter.check(&check).await.unwrap(), Decision::denied(Denial::QuotaExceeded(quota)));
+    // From the rounded-up end on, both agree that the window is over.
+    pin_micros(&mut connection, origin_us + 1_000).await;
+    assert_eq!(limiter.cleanup_expired(10).await.unwrap(), 1);
+    assert!(limiter.check(&check).await.unwrap().permits_request());
+    proxied.close().await;
+    direct.close().await;
+    clock.close().await;
+    database.finish().await;
 }
