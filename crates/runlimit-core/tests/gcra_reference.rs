@@ -228,7 +228,7 @@ proptest! {
             burst,
         )
         .unwrap();
-        prop_assert_eq!(GcraParameters::of(&policy), params);
+        prop_assert_eq!(*GcraParameters::of(&policy), params);
         // The bound is tight: one more unit of burst is rejected with the exact replenishment.
         if burst == largest_burst(quota, period) && burst < MAX_LIMIT {
             let over = (u128::from(burst) + 1) * u128::from(period);

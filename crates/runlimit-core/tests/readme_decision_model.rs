@@ -94,7 +94,7 @@ fn from_real_gcra_outcomes() {
         2,
     )
     .unwrap();
-    let parameters = GcraParameters::of(&policy);
+    let parameters = *GcraParameters::of(&policy);
     let first = evaluate(&parameters, None, 0, 1).unwrap();
     let decision = Decision::allowed(first.allowance(&parameters).unwrap());
     assert_eq!(describe(&decision), "admitted; 1 of 2 left");

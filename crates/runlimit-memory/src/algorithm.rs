@@ -135,7 +135,7 @@ pub(crate) mod sealed {
                 ),
                 None => None,
             };
-            let outcome = gcra::evaluate(&parameters, tat, now, 1)?;
+            let outcome = gcra::evaluate(parameters, tat, now, 1)?;
             match outcome {
                 GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
                     let expires_at =
@@ -144,13 +144,12 @@ pub(crate) mod sealed {
                         .checked_sub(tat.scaled())
                         .and_then(|deficit| u64::try_from(deficit).ok())
                         .ok_or(GcraError::StateOutOfRange)?;
-                    let allowance = outcome.allowance(&parameters).ok_or(GcraError::StateOutOfRange)?;
+                    let allowance = outcome.allowance(parameters).ok_or(GcraError::StateOutOfRange)?;
                     Ok(Verdict::Allowed { allowance, next: Entry { expires_at, value: deficit } })
                 }
-                GcraOutcome::Denied { .. } => outcome
-                    .quota_denial(&parameters)
-                    .map(Verdict::Exhausted)
-                    .ok_or(GcraError::StateOutOfRange),
+                GcraOutcome::Denied { .. } => {
+                    outcome.quota_denial(parameters).map(Verdict::Exhausted).ok_or(GcraError::StateOutOfRange)
+                }
             }
         }
 

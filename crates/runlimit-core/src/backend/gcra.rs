@@ -44,7 +44,7 @@
 //!
 //! let policy = GcraPolicy::new(
 //!     PolicyId::new("api")?, ScopeId::new("client")?, 3, Duration::from_secs(1), 2)?;
-//! let parameters = GcraParameters::of(&policy);
+//! let parameters = *GcraParameters::of(&policy);
 //! let GcraOutcome::Allowed { tat, remaining, replenish_after_millis, .. } =
 //!     evaluate(&parameters, None, 0, 1)? else { panic!() };
 //! assert_eq!((remaining, replenish_after_millis), (1, 334));
@@ -123,11 +123,12 @@ impl GcraParameters {
         Ok(Self { quota, period, burst, quota_divisor, period_divisor })
     }
 
-    /// The parameters of `policy` (validated and derived when the policy was built).
+    /// The parameters of `policy` (validated and derived when the policy was built), borrowed:
+    /// a backend evaluates through the policy's own copy.
     #[inline]
     #[must_use]
-    pub fn of(policy: &GcraPolicy) -> Self {
-        *policy.parameters()
+    pub fn of(policy: &GcraPolicy) -> &Self {
+        policy.parameters()
     }
 
     /// Q: units replenished per period.

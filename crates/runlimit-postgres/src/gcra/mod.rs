@@ -253,7 +253,7 @@ impl Algorithm for GcraPolicy {
         let specs: Vec<GcraSpec> = checks
             .iter()
             .zip(&keys)
-            .map(|(check, key)| GcraSpec { parameters: GcraParameters::of(check.policy()), shard: key[32] })
+            .map(|(check, key)| GcraSpec { parameters: *GcraParameters::of(check.policy()), shard: key[32] })
             .collect();
         let mut shards: Vec<i16> = specs.iter().map(|spec| i16::from(spec.shard)).collect();
         shards.sort_unstable();
