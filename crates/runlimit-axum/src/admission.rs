@@ -33,7 +33,7 @@ impl Admission {
         &self.policy
     }
 
-    /// The outcome: [`Admitted::Allowed`] (one unit consumed) or [`Admitted::ShadowDenied`]
+    /// The outcome: [`Admitted::Allowed`] (the check's cost consumed) or [`Admitted::ShadowDenied`]
     /// (nothing consumed; what enforcement would have answered).
     #[must_use]
     pub fn decision(&self) -> Admitted {

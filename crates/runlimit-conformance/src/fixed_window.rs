@@ -3,25 +3,26 @@
 //! Every scenario is generic over a [`QuotaBackend`] whose policy is [`FixedWindowPolicy`],
 //! starts at 0 ms on a fresh backend and asserts exact values. The rule
 //! ([`runlimit_core::backend::fixed_window`]), for a policy of limit `L` and window `W`: the
-//! first allowed check of a key anchors a window `[now, now + W)`; inside it, check `u + 1`
-//! is allowed while `u < L`, leaving `L − u − 1` available and `deadline − now` to
-//! replenishment; an exhausted window denies with `retry_after = deadline − now`; from the
-//! deadline on the window is over and the next allowed check anchors a new one at its own time.
+//! first allowed check of a key anchors a window `[now, now + W)`; inside it, a check of cost
+//! `c` (1 unless a scenario says otherwise) is allowed while `u + c ≤ L`, leaving `L − u − c`
+//! available and `deadline − now` to replenishment; otherwise it is denied with `retry_after =
+//! deadline − now`, consuming nothing; from the deadline on the window is over and the next
+//! allowed check anchors a new one at its own time.
 //!
 //! Scenarios that need bounded storage call [`QuotaBackend::bounded`] first and take every
 //! key they store from [`QuotaBackend::subjects_in_one_shard`], so they fill exactly one
 //! shard whatever the backend's shard layout.
 
 use runlimit_core::{
-    FixedWindowPolicy, MAX_LIMIT, MAX_WINDOW, MAX_WINDOW_MILLIS, QuotaMode, RateLimitPolicy,
+    Check, CostError, FixedWindowPolicy, MAX_LIMIT, MAX_WINDOW, MAX_WINDOW_MILLIS, QuotaMode, RateLimitPolicy,
 };
 
 use crate::{
     QuotaBackend,
     support::{
-        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, decide,
-        decide_all, fixed_window, fixed_window_in, quota_denial, quota_denied, rejected_batch, shadow_denied,
-        storage_denial, storage_denied, storage_retry, subject,
+        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
+        decide, decide_all, fixed_window, fixed_window_in, quota_denial, quota_denied, rejected_batch,
+        shadow_denied, storage_denial, storage_denied, storage_retry, subject,
     },
 };
 
@@ -50,6 +51,11 @@ macro_rules! __fixed_window_scenario_names {
             full_shard_denies_a_new_key_and_keeps_live_keys
             full_shard_denies_a_new_key_in_shadow_mode
             expired_keys_are_reclaimed_and_free_their_slots
+            cost_of_the_whole_limit_fits_a_fresh_window_then_one_unit_is_denied
+            costs_outside_one_to_the_limit_are_rejected_when_the_check_is_built
+            batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others
+            shadow_cost_that_does_not_fit_admits_and_consumes_nothing
+            cost_of_max_limit_on_a_max_limit_policy
         ] }
     };
 }
@@ -556,4 +562,132 @@ pub async fn expired_keys_are_reclaimed_and_free_their_slots<B: QuotaBackend<Pol
     backend.reclaim_expired().await;
     assert_eq!(allowed(&decide(backend, &a).await), (2, 1_000));
     assert_eq!(allowed(&decide(backend, &c).await), (1, 800));
+}
+
+/// A check costs its units: a cost of the whole limit fits a fresh window and leaves nothing,
+/// so a check of cost 1 is then denied with the exact time to the window's end. A denied cost
+/// consumes nothing: a cost that does not fit what is left is denied while a smaller one that
+/// fits is allowed, and each allowed cost takes exactly its units.
+///
+/// L = 5, W = 1,000 ms. Anchored at 200 ms by a cost of 5 (deadline 1,200): at 500 ms a cost
+/// of 1 is denied, retry 1,200 − 500 = 700. At 1,200 a cost of 3 anchors a new window (5 − 3 =
+/// 2 left, deadline 2,200); at 1,300 a cost of 3 does not fit (3 + 3 > 5): denied, retry 900;
+/// a cost of 2 fits exactly (3 + 2 = 5): 0 left, 900 ms to replenishment.
+pub async fn cost_of_the_whole_limit_fits_a_fresh_window_then_one_unit_is_denied<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = fixed_window("fw.cost", 5, 1_000);
+    let (one, two, three, five) = (
+        check(&policy, subject(1)),
+        costly(&policy, subject(1), 2),
+        costly(&policy, subject(1), 3),
+        costly(&policy, subject(1), 5),
+    );
+    assert_eq!((one.cost(), five.cost()), (1, 5));
+    backend.advance(200).await;
+    assert_eq!(allowed_with_capacity(&decide(backend, &five).await), (5, 0, 1_000));
+    backend.advance(300).await; // 500 ms
+    assert_eq!(quota_denied(&decide(backend, &one).await), (5, 700));
+    backend.advance(700).await; // 1,200 ms: the deadline
+    assert_eq!(allowed(&decide(backend, &three).await), (2, 1_000));
+    backend.advance(100).await; // 1,300 ms
+    assert_eq!(quota_denied(&decide(backend, &three).await), (5, 900));
+    assert_eq!(allowed(&decide(backend, &two).await), (0, 900));
+    assert_eq!(quota_denied(&decide(backend, &one).await), (5, 900));
+}
+
+/// A cost of zero, or above the limit (which no wait could make fit), is a typed error when
+/// the check is built, never a denial telling the client to retry; the rejected checks never
+/// reach the backend, which still grants the whole limit afterwards.
+///
+/// L = 4, W = 1,000 ms.
+pub async fn costs_outside_one_to_the_limit_are_rejected_when_the_check_is_built<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = fixed_window("fw.cost.range", 4, 1_000);
+    let capacity = policy.capacity();
+    assert_eq!(Check::new(subject(1).bind(&policy)).with_cost(0).unwrap_err(), CostError::Zero);
+    assert_eq!(
+        Check::new(subject(1).bind(&policy)).with_cost(5).unwrap_err(),
+        CostError::ExceedsCapacity { cost: 5, capacity }
+    );
+    assert_eq!(
+        Check::new(subject(1).bind(&policy)).with_cost(u64::MAX).unwrap_err(),
+        CostError::ExceedsCapacity { cost: u64::MAX, capacity }
+    );
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(1), 4)).await), (0, 1_000));
+}
+
+/// Each member of a batch carries its own cost, and the batch is all-or-nothing: when the
+/// second member's cost does not fit, the batch is denied at index 1 and the first member's
+/// cost is not taken.
+///
+/// first: L = 10, second: L = 3, W = 1,000 ms. The second key has 2 used (anchored at 0 ms).
+/// At 100 ms the batch [first × 6, second × 2] is denied at index 1 (2 + 2 > 3), retry 900;
+/// then a cost of 10 on the first key fits a fresh window, and [first × 1 on another key,
+/// second × 1] is allowed: 9 and 0 left.
+pub async fn batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let first = fixed_window("fw.cost.batch.first", 10, 1_000);
+    let second = fixed_window("fw.cost.batch.second", 3, 1_000);
+    assert_eq!(allowed(&decide(backend, &costly(&second, subject(2), 2)).await), (1, 1_000));
+    backend.advance(100).await;
+    let batch = [costly(&first, subject(1), 6), costly(&second, subject(2), 2)];
+    assert_eq!(batch_denied(&decide_all(backend, &batch).await), (1, 2, quota_denial(3, 900)));
+    assert_eq!(allowed(&decide(backend, &costly(&first, subject(1), 10)).await), (0, 1_000));
+    let fits = [check(&first, subject(3)), check(&second, subject(2))];
+    assert_eq!(batch_allowed(&decide_all(backend, &fits).await), [(9, 1_000), (0, 900)]);
+}
+
+/// In shadow mode a cost that does not fit is shadow-denied: the request is permitted, the
+/// denial is what enforcement would answer, and nothing is consumed, so a cost that fits what
+/// is left is still allowed afterwards, alone or in a batch.
+///
+/// L = 5, W = 1,000 ms, 3 used at 0 ms. At 250 ms a cost of 3 is shadow-denied (retry 750), a
+/// shadow batch [other key × 1, this key × 3] too (at index 1, consuming neither), then a cost
+/// of 2 is allowed with 0 left.
+pub async fn shadow_cost_that_does_not_fit_admits_and_consumes_nothing<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = fixed_window("fw.cost.shadow", 5, 1_000).with_quota_mode(QuotaMode::Shadow);
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(1), 3)).await), (2, 1_000));
+    backend.advance(250).await;
+    assert_eq!(shadow_denied(&decide(backend, &costly(&policy, subject(1), 3)).await), (5, 750));
+    let batch = [check(&policy, subject(2)), costly(&policy, subject(1), 3)];
+    assert_eq!(batch_shadow_denied(&decide_all(backend, &batch).await), (1, 2, 5, 750));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(1), 2)).await), (0, 750));
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(2))).await), (4, 1_000));
+}
+
+/// A cost of [`MAX_LIMIT`] on a policy of limit `MAX_LIMIT` and window
+/// [`MAX_WINDOW`]` = W` ms never overflows: it takes the whole window at once, and a check of
+/// cost 1 is then denied until the deadline. A cost of `MAX_LIMIT − 1` leaves exactly 1.
+///
+/// At 0 ms: cost L → 0 left, W to replenish. At 1,000 ms: cost 1 → denied, retry W − 1,000.
+/// Another key, anchored at 1,000 ms: cost L − 1 → 1 left; cost 1 → 0 left; cost L → denied,
+/// retry W.
+pub async fn cost_of_max_limit_on_a_max_limit_policy<B: QuotaBackend<Policy = FixedWindowPolicy>>(
+    backend: &mut B,
+) {
+    let w = MAX_WINDOW_MILLIS;
+    let policy = fixed_window("fw.cost.max", MAX_LIMIT, w);
+    assert_eq!(policy.window().duration(), MAX_WINDOW);
+    assert_eq!(
+        allowed_with_capacity(&decide(backend, &costly(&policy, subject(1), MAX_LIMIT)).await),
+        (MAX_LIMIT, 0, w)
+    );
+    backend.advance(1_000).await;
+    assert_eq!(quota_denied(&decide(backend, &check(&policy, subject(1))).await), (MAX_LIMIT, w - 1_000));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(2), MAX_LIMIT - 1)).await), (1, w));
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(2))).await), (0, w));
+    assert_eq!(quota_denied(&decide(backend, &costly(&policy, subject(2), MAX_LIMIT)).await), (MAX_LIMIT, w));
 }

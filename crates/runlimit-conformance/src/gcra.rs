@@ -7,21 +7,22 @@
 //! emission interval is then exactly `P`):
 //!
 //! ```text
-//! cand = max(tat, now_s) + P;  ceiling = now_s + B·P;  allowed ⇔ cand ≤ ceiling
+//! cand = max(tat, now_s) + c·P;  ceiling = now_s + B·P;  allowed ⇔ cand ≤ ceiling
 //! allowed: available = ⌊(ceiling − cand) / P⌋,  replenishes_after = ⌈(cand − now_s) / Q⌉ ms
 //! denied:  retry_after = ⌈(cand − ceiling) / Q⌉ ms;  state expiry at ⌈tat / Q⌉ ms
 //! ```
 //!
-//! The doc comment of each scenario spells out the numbers behind its expected values.
+//! for a check of cost `c` (1 unless a scenario says otherwise). The doc comment of each
+//! scenario spells out the numbers behind its expected values.
 
-use runlimit_core::{GcraPolicy, MAX_LIMIT, MAX_WINDOW_MILLIS, QuotaMode};
+use runlimit_core::{Check, CostError, GcraPolicy, MAX_LIMIT, MAX_WINDOW_MILLIS, QuotaMode, RateLimitPolicy};
 
 use crate::{
     QuotaBackend,
     support::{
-        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, decide,
-        decide_all, gcra, gcra_in, quota_denial, quota_denied, rejected_batch, shadow_denied, storage_denial,
-        storage_denied, storage_retry, subject,
+        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
+        decide, decide_all, gcra, gcra_in, quota_denial, quota_denied, rejected_batch, shadow_denied,
+        storage_denial, storage_denied, storage_retry, subject,
     },
 };
 
@@ -47,6 +48,10 @@ macro_rules! __gcra_scenario_names {
             full_shard_denies_a_new_key_and_keeps_live_keys
             full_shard_denies_a_new_key_in_shadow_mode
             expired_keys_are_reclaimed_and_free_their_slots
+            cost_three_on_ten_per_second_burst_five_exact_sequence
+            costs_outside_one_to_the_burst_are_rejected_when_the_check_is_built
+            batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others
+            cost_of_max_limit_on_a_max_limit_policy
         ] }
     };
 }
@@ -510,4 +515,114 @@ pub async fn expired_keys_are_reclaimed_and_free_their_slots<B: QuotaBackend<Pol
     backend.advance(334).await; // 1,001 ms: c is fully rested
     backend.reclaim_expired().await;
     assert_eq!(allowed(&decide(backend, &a).await), (1, 334));
+}
+
+/// A check of cost 3 on Q = 10 per 1,000 ms, B = 5 (T = 100 ms): the exact sequence of
+/// allowed and denied checks, each retry being the earliest whole millisecond at which the
+/// same cost fits.
+///
+/// Scaled by Q = 10: P = 1,000, B·P = 5,000, c·P = 3,000.
+///
+/// | at ms | cost | now_s  | ceiling | cand   | answer                                       |
+/// |------:|-----:|-------:|--------:|-------:|----------------------------------------------|
+/// | 0     | 3    | 0      | 5,000   | 3,000  | allowed: ⌊2,000/1,000⌋ = 2 left, ⌈3,000/10⌉ = 300 ms |
+/// | 0     | 3    | 0      | 5,000   | 6,000  | denied: retry ⌈1,000/10⌉ = 100               |
+/// | 100   | 3    | 1,000  | 6,000   | 6,000  | allowed: 0 left, ⌈5,000/10⌉ = 500 ms         |
+/// | 100   | 3    | 1,000  | 6,000   | 9,000  | denied: retry 300                            |
+/// | 250   | 3    | 2,500  | 7,500   | 9,000  | denied: retry 150                            |
+/// | 399   | 3    | 3,990  | 8,990   | 9,000  | denied: retry 1                              |
+/// | 400   | 3    | 4,000  | 9,000   | 9,000  | allowed: 0 left, 500 ms                      |
+/// | 400   | 1    | 4,000  | 9,000   | 10,000 | denied: retry 100 (a smaller cost fits sooner) |
+/// | 500   | 1    | 5,000  | 10,000  | 10,000 | allowed: 0 left, 500 ms                      |
+/// | 2,000 | 3    | 20,000 | 25,000  | 23,000 | allowed (rested): 2 left, 300 ms             |
+/// | 2,000 | 5    | 20,000 | 25,000  | 28,000 | denied: retry 300                            |
+/// | 2,000 | 2    | 20,000 | 25,000  | 25,000 | allowed: 0 left, 500 ms                      |
+///
+/// A cost of B = 5 on a rested key takes the whole burst: cand 5,000 → 0 left, 500 ms.
+pub async fn cost_three_on_ten_per_second_burst_five_exact_sequence<B: QuotaBackend<Policy = GcraPolicy>>(
+    backend: &mut B,
+) {
+    let policy = gcra("gcra.cost", 10, 1_000, 5);
+    let (one, two, three, five) = (
+        check(&policy, subject(1)),
+        costly(&policy, subject(1), 2),
+        costly(&policy, subject(1), 3),
+        costly(&policy, subject(1), 5),
+    );
+    assert_eq!(allowed_with_capacity(&decide(backend, &three).await), (5, 2, 300));
+    assert_eq!(quota_denied(&decide(backend, &three).await), (5, 100));
+    backend.advance(100).await;
+    assert_eq!(allowed(&decide(backend, &three).await), (0, 500));
+    assert_eq!(quota_denied(&decide(backend, &three).await), (5, 300));
+    backend.advance(150).await; // 250 ms
+    assert_eq!(quota_denied(&decide(backend, &three).await), (5, 150));
+    backend.advance(149).await; // 399 ms
+    assert_eq!(quota_denied(&decide(backend, &three).await), (5, 1));
+    backend.advance(1).await; // 400 ms
+    assert_eq!(allowed(&decide(backend, &three).await), (0, 500));
+    assert_eq!(quota_denied(&decide(backend, &one).await), (5, 100));
+    backend.advance(100).await; // 500 ms
+    assert_eq!(allowed(&decide(backend, &one).await), (0, 500));
+    backend.advance(1_500).await; // 2,000 ms
+    assert_eq!(allowed(&decide(backend, &three).await), (2, 300));
+    assert_eq!(quota_denied(&decide(backend, &five).await), (5, 300));
+    assert_eq!(allowed(&decide(backend, &two).await), (0, 500));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(2), 5)).await), (0, 500));
+}
+
+/// A cost of zero, or above the burst capacity (which no wait could make fit), is a typed
+/// error when the check is built; the rejected checks never reach the backend, whose rested
+/// key then grants the whole burst.
+///
+/// Q = 10 per 1,000 ms, B = 5: a cost of 5 leaves 0, replenished after 500 ms.
+pub async fn costs_outside_one_to_the_burst_are_rejected_when_the_check_is_built<
+    B: QuotaBackend<Policy = GcraPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = gcra("gcra.cost.range", 10, 1_000, 5);
+    let capacity = policy.capacity();
+    assert_eq!(capacity, policy.burst_capacity());
+    assert_eq!(Check::new(subject(1).bind(&policy)).with_cost(0).unwrap_err(), CostError::Zero);
+    assert_eq!(
+        Check::new(subject(1).bind(&policy)).with_cost(6).unwrap_err(),
+        CostError::ExceedsCapacity { cost: 6, capacity }
+    );
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(1), 5)).await), (0, 500));
+}
+
+/// Each batch member carries its own cost, all-or-nothing: when the second member's cost
+/// does not fit, the batch is denied at index 1 and the first member's cost is not taken.
+///
+/// Q = 10 per 1,000 ms, B = 5 (scaled P = 1,000, B·P = 5,000). The second key spent 3 at 0 ms
+/// (tat 3,000). At 0 the batch [first key × 4, second key × 3] is denied at index 1: cand
+/// 6,000 − ceiling 5,000 → retry 100. The first key is still rested: a cost of 5 leaves 0,
+/// 500 ms; the second still has 2 left: a cost of 2 fits (cand 5,000), 0 left, 500 ms.
+pub async fn batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others<
+    B: QuotaBackend<Policy = GcraPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = gcra("gcra.cost.batch", 10, 1_000, 5);
+    assert_eq!(allowed(&decide(backend, &costly(&policy, subject(2), 3)).await), (2, 300));
+    let batch = [costly(&policy, subject(1), 4), costly(&policy, subject(2), 3)];
+    assert_eq!(batch_denied(&decide_all(backend, &batch).await), (1, 2, quota_denial(5, 100)));
+    let fits = [costly(&policy, subject(1), 5), costly(&policy, subject(2), 2)];
+    assert_eq!(batch_allowed(&decide_all(backend, &fits).await), [(0, 500), (0, 500)]);
+}
+
+/// A cost of [`MAX_LIMIT`] = L on Q = L per W = [`MAX_WINDOW_MILLIS`] ms with B = L never
+/// overflows (the scaled values pass 2⁶⁴ and are computed in 128 bits).
+///
+/// At 0: cand L·W = ceiling → allowed, 0 left, replenish ⌈L·W / L⌉ = W ms. Cost 1 at 0: cand
+/// L·W + W − ceiling L·W → retry ⌈W / L⌉ = 1 ms. At 1 ms (now_s = L, ceiling L + L·W): cost 1
+/// → cand L·W + W, ⌊(L − W) / W⌋ = 1,023,999 left, replenish ⌈(L·W + W − L) / L⌉ = W ms.
+pub async fn cost_of_max_limit_on_a_max_limit_policy<B: QuotaBackend<Policy = GcraPolicy>>(backend: &mut B) {
+    let w = MAX_WINDOW_MILLIS;
+    let policy = gcra("gcra.cost.max", MAX_LIMIT, w, MAX_LIMIT);
+    let all = costly(&policy, subject(1), MAX_LIMIT);
+    assert_eq!(allowed_with_capacity(&decide(backend, &all).await), (MAX_LIMIT, 0, w));
+    assert_eq!(quota_denied(&decide(backend, &check(&policy, subject(1))).await), (MAX_LIMIT, 1));
+    backend.advance(1).await;
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1_023_999, w));
 }

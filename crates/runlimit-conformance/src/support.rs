@@ -118,6 +118,14 @@ pub fn check<P: RateLimitPolicy>(policy: &P, subject: SubjectKey) -> Check<'_, P
     Check::new(subject.bind(policy))
 }
 
+/// A check of `subject` against `policy` costing `cost` units; panics when the cost is
+/// rejected (see [`Check::with_cost`]).
+#[track_caller]
+#[must_use]
+pub fn costly<P: RateLimitPolicy>(policy: &P, subject: SubjectKey, cost: u64) -> Check<'_, P> {
+    check(policy, subject).with_cost(cost).unwrap_or_else(|error| panic!("a cost of {cost}: {error}"))
+}
+
 /// Evaluates one check on the backend's limiter; panics if the backend fails to decide.
 pub async fn decide<B: QuotaBackend>(backend: &B, check: &Check<'_, B::Policy>) -> Decision {
     backend

@@ -153,7 +153,7 @@ enum Outcome {
 /// A borrowed, exhaustive view of a [`Decision`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecisionView<'a> {
-    /// The check was allowed and consumed one unit.
+    /// The check was allowed and consumed its cost.
     Allowed {
         /// What remains.
         allowance: &'a Allowance,
@@ -175,7 +175,7 @@ pub enum DecisionView<'a> {
 /// enforced denial, so code that receives one never re-checks enforcement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Admitted {
-    /// Allowed; one unit consumed.
+    /// Allowed; the check's cost consumed.
     Allowed(Allowance),
     /// Shadow-denied; nothing consumed.
     ShadowDenied(QuotaDenial),

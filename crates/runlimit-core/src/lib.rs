@@ -79,7 +79,7 @@ mod observe;
 mod policy;
 
 pub use crate::batch::BatchError;
-pub use crate::check::Check;
+pub use crate::check::{Check, CostError};
 pub use crate::decision::{
     Admitted, Allowance, AllowanceError, BatchDecision, BatchDecisionError, BatchDecisionView, Decision,
     DecisionView, Denial, QuotaDenial,

@@ -59,7 +59,7 @@ pub trait Limiter: Send + Sync {
     /// [`BatchError`](crate::BatchError)s.
     type CheckAllError: std::error::Error + Send + Sync + 'static;
 
-    /// Evaluates one check, consuming one unit when allowed.
+    /// Evaluates one check, consuming its [`cost`](Check::cost) when allowed (see [`Check::with_cost`]).
     fn check(
         &self,
         check: &Check<'_, Self::Policy>,

@@ -59,9 +59,10 @@ pub(crate) mod sealed {
         /// Why the rule may refuse to decide.
         type Error;
 
-        /// Evaluates one unit-cost check at `now` (store milliseconds) against the key's live
-        /// entry (`None`: no entry, or an expired one).
-        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, Self::Error>;
+        /// Evaluates one check of `cost` units (validated by its `Check`: between 1 and the
+        /// policy's capacity) at `now` (store milliseconds) against the key's live entry
+        /// (`None`: no entry, or an expired one).
+        fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, Self::Error>;
 
         /// The public error of a failed single check.
         fn check_error(failure: CheckFailure<Self::Error>) -> <Self as MemoryAlgorithm>::CheckError
@@ -81,11 +82,11 @@ pub(crate) mod sealed {
         type Error = Infallible;
 
         #[inline]
-        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, Infallible> {
+        fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, Infallible> {
             // A stored entry always holds at least one used unit; an entry that somehow held
             // none would count as no window.
             let stored = live.and_then(|entry| Window::new(entry.expires_at, entry.value).ok());
-            Ok(match fixed_window::evaluate(&FixedWindowParameters::of(self), stored, now) {
+            Ok(match fixed_window::evaluate(&FixedWindowParameters::of(self), stored, now, cost) {
                 FixedWindowOutcome::Allowed { allowance, window, .. } => Verdict::Allowed {
                     allowance,
                     next: Entry { expires_at: window.deadline_ms(), value: window.used() },
@@ -122,7 +123,7 @@ pub(crate) mod sealed {
         type Error = GcraError;
 
         #[inline]
-        fn evaluate(&self, live: Option<Entry>, now: u64) -> Result<Verdict, GcraError> {
+        fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, GcraError> {
             let parameters = GcraParameters::of(self);
             let quota = u128::from(parameters.quota().get());
             let tat = match live {
@@ -135,7 +136,7 @@ pub(crate) mod sealed {
                 ),
                 None => None,
             };
-            let outcome = gcra::evaluate(parameters, tat, now, 1)?;
+            let outcome = gcra::evaluate(parameters, tat, now, cost)?;
             match outcome {
                 GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
                     let expires_at =

@@ -269,7 +269,7 @@ impl Engine {
 
         let slot = shard.find(&key, hash);
         let live = slot.and_then(|slot| shard.entry(slot)).and_then(|entry| entry.live_at(now));
-        let verdict = check.policy().evaluate(live, now).map_err(CheckFailure::Evaluation)?;
+        let verdict = check.policy().evaluate(live, now, check.cost()).map_err(CheckFailure::Evaluation)?;
         let (decision, consumed) = match verdict {
             Verdict::Exhausted(denial) => {
                 (Decision::quota_exceeded(denial, check.policy().quota_mode()), false)
@@ -413,7 +413,7 @@ impl Engine {
             let live = slots[index].and_then(|slot| held.entry(slot)).and_then(|entry| entry.live_at(now));
             let verdict = checks[index]
                 .policy()
-                .evaluate(live, now)
+                .evaluate(live, now, checks[index].cost())
                 .map_err(|source| Failure::Evaluation { index, source })?;
             next[index] = verdicts.push(index, verdict);
             if slots[index].is_none() && next[index].is_some() {
@@ -544,8 +544,10 @@ impl Engine {
             let group = &mut groups[plan.group];
             let live =
                 plan.slot.and_then(|slot| group.shard.entry(slot)).and_then(|entry| entry.live_at(now));
-            let verdict =
-                check.policy().evaluate(live, now).map_err(|source| Failure::Evaluation { index, source })?;
+            let verdict = check
+                .policy()
+                .evaluate(live, now, check.cost())
+                .map_err(|source| Failure::Evaluation { index, source })?;
             plan.next = verdicts.push(index, verdict);
             if plan.slot.is_none() && plan.next.is_some() {
                 group.new_keys += 1;

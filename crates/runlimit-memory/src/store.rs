@@ -158,7 +158,7 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStoreBuilder<P, C, O> {
 }
 
 impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
-    /// Evaluates one check, consuming one unit when allowed.
+    /// Evaluates one check, consuming its [`cost`](runlimit_core::Check::cost) when allowed.
     ///
     /// Before evaluating, removes at most
     /// [`expired_removals_per_check`](MemoryStoreConfig::expired_removals_per_check) expired

@@ -204,7 +204,7 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 ///
 /// Implements [`Limiter`](runlimit_core::Limiter) with [`GcraPolicy`](runlimit_core::GcraPolicy)
 /// and accepts the same policy-bound checks as
-/// `runlimit_memory::GcraStore`, with the same decisions: each check costs one unit, `quota`
+/// `runlimit_memory::GcraStore`, with the same decisions: each check costs its [`cost`](runlimit_core::Check::cost), `quota`
 /// units replenish continuously over each `period`, a rested subject may spend up to
 /// `burst_capacity` at once. Decisions come from `runlimit_core::backend::gcra::evaluate`, the
 /// exact scaled-integer evaluator `GcraStore` uses, and the batch rule of

@@ -204,7 +204,7 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         run_migrator(&self.pool, &self.config, &P::migrator(sealed::Internal::new())).await
     }
 
-    /// Evaluates one check, consuming one unit when allowed.
+    /// Evaluates one check, consuming its [`cost`](runlimit_core::Check::cost) when allowed.
     ///
     /// # Errors
     ///

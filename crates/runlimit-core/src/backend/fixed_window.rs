@@ -1,18 +1,19 @@
 //! The anchored fixed-window rule shared by every fixed-window backend.
 //!
 //! A pure function of the policy's limit `L` and window `W` (whole milliseconds), the
-//! subject's stored [`Window`] (its deadline `d` and the units `u` used in it, or none) and the
-//! time `now` in whole milliseconds:
+//! subject's stored [`Window`] (its deadline `d` and the units `u` used in it, or none), the
+//! check's cost `c` (between 1 and `L`) and the time `now` in whole milliseconds:
 //!
 //! ```text
 //! live    ⇔ a window is stored and now < d            (d = u64::MAX never passes)
-//! live, u < L:  allowed;  store (d, u + 1)
-//!               available = L − u − 1                  units left after this check
-//!               replenishes_after = d − now            ms until the window ends
-//! live, u ≥ L:  exhausted; store nothing
-//!               retry_after = d − now                  ms until the window ends
-//! not live:     allowed, anchoring a new window at now; store (now + W, 1)
-//!               available = L − 1,  replenishes_after = W
+//! live, u + c ≤ L:  allowed;  store (d, u + c)
+//!                   available = L − u − c              units left after this check
+//!                   replenishes_after = d − now        ms until the window ends
+//! live, u + c > L:  exhausted; store nothing
+//!                   retry_after = d − now              ms until the window ends, when a
+//!                                                      fresh window admits the cost c ≤ L
+//! not live:         allowed, anchoring a new window at now; store (now + W, c)
+//!                   available = L − c,  replenishes_after = W
 //! ```
 //!
 //! The first allowed check of a subject anchors its window; windows are not aligned to
@@ -35,17 +36,17 @@
 //! let parameters = FixedWindowParameters::of(&policy);
 //! // The first check anchors a window at 5,000 ms that ends at 65,000 ms.
 //! let FixedWindowOutcome::Allowed { allowance, window, anchored: true } =
-//!     evaluate(&parameters, None, 5_000) else { panic!() };
+//!     evaluate(&parameters, None, 5_000, 1) else { panic!() };
 //! assert_eq!((allowance.available(), allowance.replenishes_after().millis()), (1, 60_000));
 //! assert_eq!(window, Window::new(65_000, 1)?);
 //! // 15 s later: the last unit of the window, which ends in 45 s.
 //! let FixedWindowOutcome::Allowed { allowance, window, anchored: false } =
-//!     evaluate(&parameters, Some(window), 20_000) else { panic!() };
+//!     evaluate(&parameters, Some(window), 20_000, 1) else { panic!() };
 //! assert_eq!((allowance.available(), allowance.replenishes_after().millis()), (0, 45_000));
 //! // Exhausted until the deadline; a new window from it on.
-//! let FixedWindowOutcome::Exhausted(denial) = evaluate(&parameters, Some(window), 64_999) else { panic!() };
+//! let FixedWindowOutcome::Exhausted(denial) = evaluate(&parameters, Some(window), 64_999, 1) else { panic!() };
 //! assert_eq!(denial.retry_after().millis(), 1);
-//! assert!(matches!(evaluate(&parameters, Some(window), 65_000), FixedWindowOutcome::Allowed { anchored: true, .. }));
+//! assert!(matches!(evaluate(&parameters, Some(window), 65_000, 1), FixedWindowOutcome::Allowed { anchored: true, .. }));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -122,7 +123,7 @@ impl Window {
     }
 }
 
-/// The rule's answer for one unit-cost check.
+/// The rule's answer for one check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FixedWindowOutcome {
     /// Allowed: store `window`.
@@ -141,39 +142,46 @@ pub enum FixedWindowOutcome {
     Exhausted(QuotaDenial),
 }
 
-/// Evaluates one unit-cost check at `now_ms` against the subject's `stored` window (`None`:
-/// no state). An expired stored window (`now_ms ≥ deadline`) counts as none.
+/// Evaluates one check costing `cost` units at `now_ms` against the subject's `stored`
+/// window (`None`: no state). An expired stored window (`now_ms ≥ deadline`) counts as none.
 ///
-/// Pure and exact; see the [module documentation](self) for the rule.
+/// Pure and exact; see the [module documentation](self) for the rule. `cost` must be between
+/// 1 and the limit, as a [`Check`](crate::Check) guarantees; out of that range (a backend's
+/// bug) the check is exhausted, failing closed: a cost of 0 or above the limit is never
+/// allowed.
 #[inline]
 #[must_use]
 pub fn evaluate(
     parameters: &FixedWindowParameters,
     stored: Option<Window>,
     now_ms: u64,
+    cost: u64,
 ) -> FixedWindowOutcome {
     let limit = parameters.limit;
+    let fits = |used: u64| used.checked_add(cost).filter(|total| cost >= 1 && *total <= limit.get());
     match stored.filter(|window| !is_expired(window.deadline_ms, now_ms)) {
         Some(Window { deadline_ms, used }) => {
             // `deadline > now`, or the never-passing u64::MAX.
             let rest_of_window = Delay::from_millis(deadline_ms.saturating_sub(now_ms));
-            if used < limit.get() {
-                let used = used + 1;
-                FixedWindowOutcome::Allowed {
+            match fits(used) {
+                Some(used) => FixedWindowOutcome::Allowed {
                     allowance: Allowance::exact(limit, limit.get() - used, rest_of_window),
                     window: Window { deadline_ms, used },
                     anchored: false,
-                }
-            } else {
-                FixedWindowOutcome::Exhausted(QuotaDenial::new(limit, rest_of_window))
+                },
+                None => FixedWindowOutcome::Exhausted(QuotaDenial::new(limit, rest_of_window)),
             }
         }
         None => {
             let deadline_ms = now_ms.saturating_add(parameters.window.as_millis());
-            FixedWindowOutcome::Allowed {
-                allowance: Allowance::exact(limit, limit.get() - 1, Delay::from_millis(deadline_ms - now_ms)),
-                window: Window { deadline_ms, used: 1 },
-                anchored: true,
+            let window = Delay::from_millis(deadline_ms - now_ms);
+            match fits(0) {
+                Some(used) => FixedWindowOutcome::Allowed {
+                    allowance: Allowance::exact(limit, limit.get() - used, window),
+                    window: Window { deadline_ms, used },
+                    anchored: true,
+                },
+                None => FixedWindowOutcome::Exhausted(QuotaDenial::new(limit, window)),
             }
         }
     }
@@ -207,7 +215,7 @@ mod tests {
         stored: Option<Window>,
         now: u64,
     ) -> (Expected, Option<Window>) {
-        match evaluate(parameters, stored, now) {
+        match evaluate(parameters, stored, now, 1) {
             FixedWindowOutcome::Allowed { allowance, window, anchored } => {
                 assert_eq!(allowance.capacity(), parameters.limit());
                 (Ok((allowance.available(), allowance.replenishes_after().millis(), anchored)), Some(window))
@@ -263,13 +271,13 @@ mod tests {
         let p = parameters(1, 60_000);
         let stored = Window::new(60_250, 1).unwrap();
         assert_eq!(
-            evaluate(&p, Some(stored), 60_249),
+            evaluate(&p, Some(stored), 60_249, 1),
             FixedWindowOutcome::Exhausted(QuotaDenial::new(p.limit(), Delay::from_millis(1)))
         );
         // A window over its limit (another writer stored more) is exhausted, not an error.
         let over = Window::new(70_000, 9).unwrap();
         assert_eq!(
-            evaluate(&p, Some(over), 10_000),
+            evaluate(&p, Some(over), 10_000, 1),
             FixedWindowOutcome::Exhausted(QuotaDenial::new(p.limit(), Delay::from_millis(60_000)))
         );
         assert_eq!(Window::new(1, 0), Err(WindowError));
@@ -292,5 +300,61 @@ mod tests {
         assert_eq!(late, Ok((0, 3, true)));
         assert_eq!(stored.unwrap().deadline_ms(), u64::MAX);
         assert_eq!(step(&parameters(1, 10), stored, u64::MAX).0, Err(0));
+    }
+
+    /// The outcome of a check of `cost` as [`Expected`] plus the stored units afterwards.
+    fn costed(
+        parameters: &FixedWindowParameters,
+        stored: Option<Window>,
+        now: u64,
+        cost: u64,
+    ) -> (Expected, Option<u64>) {
+        match evaluate(parameters, stored, now, cost) {
+            FixedWindowOutcome::Allowed { allowance, window, anchored } => (
+                Ok((allowance.available(), allowance.replenishes_after().millis(), anchored)),
+                Some(window.used()),
+            ),
+            FixedWindowOutcome::Exhausted(denial) => {
+                (Err(denial.retry_after().millis()), stored.map(|w| w.used()))
+            }
+        }
+    }
+
+    #[test]
+    fn a_cost_consumes_exactly_its_units_and_a_denial_consumes_none() {
+        let p = parameters(10, 1_000);
+        // Fresh: a cost of the whole limit fits, leaving 0.
+        assert_eq!(costed(&p, None, 500, 10), (Ok((0, 1_000, true)), Some(10)));
+        let full = Window::new(1_500, 10).unwrap();
+        // Then a cost of 1 is denied until the window ends (1,500 − 600 = 900 ms).
+        assert_eq!(costed(&p, Some(full), 600, 1), (Err(900), Some(10)));
+        // 7 used: a cost of 3 fits exactly (7 + 3 = 10), a cost of 4 does not (7 + 4 = 11).
+        let seven = Window::new(1_500, 7).unwrap();
+        assert_eq!(costed(&p, Some(seven), 1_000, 3), (Ok((0, 500, false)), Some(10)));
+        assert_eq!(costed(&p, Some(seven), 1_000, 4), (Err(500), Some(7)));
+        // At the deadline the window is over: the cost anchors a new one.
+        assert_eq!(costed(&p, Some(full), 1_500, 4), (Ok((6, 1_000, true)), Some(4)));
+    }
+
+    #[test]
+    fn out_of_range_costs_fail_closed() {
+        // A Check never carries these; a backend bug that passed one still never admits.
+        let p = parameters(10, 1_000);
+        assert_eq!(costed(&p, None, 0, 0).0, Err(1_000));
+        assert_eq!(costed(&p, None, 0, 11).0, Err(1_000));
+        let stored = Window::new(1_000, 5).unwrap();
+        assert_eq!(costed(&p, Some(stored), 0, u64::MAX).0, Err(1_000));
+        assert_eq!(costed(&p, Some(stored), 0, 0).0, Err(1_000));
+    }
+
+    #[test]
+    fn a_cost_of_max_limit_never_overflows() {
+        let p = parameters(MAX_LIMIT, MAX_WINDOW_MILLIS);
+        let window = u128::from(MAX_WINDOW_MILLIS);
+        assert_eq!(costed(&p, None, u64::MAX - 1, MAX_LIMIT), (Ok((0, 1, true)), Some(MAX_LIMIT)));
+        assert_eq!(costed(&p, None, 0, MAX_LIMIT), (Ok((0, window, true)), Some(MAX_LIMIT)));
+        let one_used = Window::new(MAX_WINDOW_MILLIS, 1).unwrap();
+        assert_eq!(costed(&p, Some(one_used), 0, MAX_LIMIT), (Err(window), Some(1)));
+        assert_eq!(costed(&p, Some(one_used), 0, MAX_LIMIT - 1), (Ok((0, window, false)), Some(MAX_LIMIT)));
     }
 }

@@ -1,5 +1,5 @@
-//! Property tests: random sequences of checks, batches and clock advances, driven through a
-//! store and through a plain reference model (a `HashMap` from key to state: no shards, no
+//! Property tests: random sequences of checks and batches of random costs and clock advances,
+//! driven through a store and through a plain reference model (a `HashMap` from key to state: no shards, no
 //! index, no cleanup), comparing every decision and every error.
 //!
 //! The model implements the rules from their definitions: fixed windows directly, GCRA from
@@ -24,8 +24,22 @@ use crate::support::{fixed, gcra, subject};
 #[derive(Clone, Debug)]
 enum Op {
     Advance(u64),
-    Check(usize, u64),
-    Batch(Vec<(usize, u64)>),
+    Check(Key),
+    Batch(Vec<Key>),
+}
+
+/// `(policy index, subject number, cost seed)`: the check's cost is `1 + seed % capacity`
+/// of its policy ([`cost`]), so every cost from 1 to the capacity occurs, 1 most often.
+type Key = (usize, u64, u64);
+
+/// The cost of a check of `policy` with the given seed: between 1 and the capacity.
+fn cost<P: RateLimitPolicy>(policy: &P, seed: u64) -> u64 {
+    1 + seed % policy.capacity().get()
+}
+
+/// Cost seeds: half of them 0 (a cost of 1), the rest anything.
+fn seed() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), 0u64..8]
 }
 
 /// Operations for a store accepting batches of up to `maximum` checks. Batches run one past
@@ -35,8 +49,8 @@ fn ops(maximum: usize) -> impl Strategy<Value = Vec<Op>> {
         // Small steps, large steps, and exact window/emission multiples that land on deadlines.
         3 => prop_oneof![0u64..50, 0u64..700, prop::sample::select(vec![1u64, 250, 333, 334, 700, 1_000, 2_000])]
             .prop_map(Op::Advance),
-        4 => (0usize..3, 0u64..4).prop_map(|(policy, subject)| Op::Check(policy, subject)),
-        2 => proptest::collection::vec((0usize..3, 0u64..4), 0..=maximum + 1).prop_map(Op::Batch),
+        4 => (0usize..3, 0u64..4, seed()).prop_map(Op::Check),
+        2 => proptest::collection::vec((0usize..3, 0u64..4, seed()), 0..=maximum + 1).prop_map(Op::Batch),
         2 => distinct_batch(maximum + 1),
     ];
     proptest::collection::vec(op, 1..80)
@@ -49,12 +63,19 @@ fn ops(maximum: usize) -> impl Strategy<Value = Vec<Op>> {
 fn distinct_batch(maximum: usize) -> impl Strategy<Value = Op> {
     let enforced: Vec<(usize, u64)> = (0..2).flat_map(|policy| (0..6).map(move |n| (policy, n))).collect();
     let shadowed: Vec<(usize, u64)> = (0..6).map(|n| (2, n)).collect();
-    (prop_oneof![Just(enforced).prop_shuffle(), Just(shadowed).prop_shuffle()], 1..=maximum)
-        .prop_map(|(keys, size)| Op::Batch(keys.into_iter().take(size).collect()))
+    let seeds = proptest::collection::vec(seed(), maximum);
+    (prop_oneof![Just(enforced).prop_shuffle(), Just(shadowed).prop_shuffle()], 1..=maximum, seeds).prop_map(
+        |(keys, size, seeds)| {
+            Op::Batch(
+                keys.into_iter().zip(seeds).take(size).map(|((policy, n), seed)| (policy, n, seed)).collect(),
+            )
+        },
+    )
 }
 
-/// One algorithm's rule: `Ok((available, replenish ms, new state))` or `Err(retry ms)`.
-type Evaluate<P, S> = fn(&P, Option<S>, u64) -> Result<(u64, u64, S), u64>;
+/// One algorithm's rule for a check of `cost` at `now`: `Ok((available, replenish ms, new
+/// state))` or `Err(retry ms)`.
+type Evaluate<P, S> = fn(&P, Option<S>, u64, u64) -> Result<(u64, u64, S), u64>;
 
 /// One algorithm's model.
 struct Model<'a, P, S> {
@@ -88,19 +109,19 @@ impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
     }
 
     /// Evaluates `checks` as one atomic operation; commits only when every check is allowed.
-    fn apply(&mut self, checks: &[(usize, u64)], now: u64) -> Result<Vec<Allowance>, (usize, Denial, bool)> {
+    fn apply(&mut self, checks: &[Key], now: u64) -> Result<Vec<Allowance>, (usize, Denial, bool)> {
         let mode = self.policies[checks[0].0].quota_mode();
         let free = self.capacity.map(|capacity| capacity.saturating_sub(self.live_expiries(now).len()));
         let mut new_keys = 0;
         let mut enforced = None;
         let mut shadowed = None;
         let mut results = Vec::new();
-        for (index, &(policy_index, subject)) in checks.iter().enumerate() {
+        for (index, &(policy_index, subject, seed)) in checks.iter().enumerate() {
             let policy = &self.policies[policy_index];
             let key = (group(policy_index), subject);
             let live = self.live(key, now);
             let capacity = policy.capacity();
-            match (self.evaluate)(policy, live, now) {
+            match (self.evaluate)(policy, live, now, cost(policy, seed)) {
                 Ok((available, replenish, state)) => {
                     if live.is_none() {
                         new_keys += 1;
@@ -143,7 +164,7 @@ impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
             .collect())
     }
 
-    fn check(&mut self, check: (usize, u64), now: u64) -> Decision {
+    fn check(&mut self, check: Key, now: u64) -> Decision {
         match self.apply(&[check], now) {
             Ok(allowances) => Decision::allowed(allowances[0]),
             Err((_, Denial::QuotaExceeded(denial), true)) => Decision::shadow_denied(denial),
@@ -151,7 +172,7 @@ impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
         }
     }
 
-    fn check_all(&mut self, checks: &[(usize, u64)], now: u64) -> Result<BatchDecision, BatchError> {
+    fn check_all(&mut self, checks: &[Key], now: u64) -> Result<BatchDecision, BatchError> {
         if checks.is_empty() {
             return Err(BatchError::EmptyBatch);
         }
@@ -160,7 +181,8 @@ impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
             return Err(BatchError::TooManyChecks { batch_size: checks.len(), maximum });
         }
         let mode = self.policies[checks[0].0].quota_mode();
-        if let Some(index) = checks.iter().position(|&(policy, _)| self.policies[policy].quota_mode() != mode)
+        if let Some(index) =
+            checks.iter().position(|&(policy, ..)| self.policies[policy].quota_mode() != mode)
         {
             let mode = self.policies[checks[index].0].quota_mode();
             return Err(BatchError::MixedQuotaModes { index, mode });
@@ -198,14 +220,13 @@ fn drive<P: RateLimitPolicy, S: Copy>(
                 now += by;
                 clock.set(Duration::from_millis(now));
             }
-            &Op::Check(policy, n) => {
-                let actual = store_check(&Check::new(subject(&policies[policy], n)));
-                let expected = model.check((policy, n), now);
+            &Op::Check(key) => {
+                let actual = store_check(&costed(policies, key));
+                let expected = model.check(key, now);
                 prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
             }
             Op::Batch(batch) => {
-                let checks: Vec<_> =
-                    batch.iter().map(|&(policy, n)| Check::new(subject(&policies[policy], n))).collect();
+                let checks: Vec<_> = batch.iter().map(|&key| costed(policies, key)).collect();
                 let actual = store_check_all(&checks);
                 let expected = model.check_all(batch, now);
                 prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
@@ -215,8 +236,14 @@ fn drive<P: RateLimitPolicy, S: Copy>(
     Ok(())
 }
 
+/// The check of `key`, at its cost.
+fn costed<P: RateLimitPolicy>(policies: &[P; 3], (policy, n, seed): Key) -> Check<'_, P> {
+    let policy = &policies[policy];
+    Check::new(subject(policy, n)).with_cost(cost(policy, seed)).unwrap()
+}
+
 fn fixed_policies() -> [FixedWindowPolicy; 3] {
-    let base = fixed("model.a", 2, 1_000);
+    let base = fixed("model.a", 4, 1_000);
     [base.clone(), fixed("model.b", 3, 250), base.with_quota_mode(QuotaMode::Shadow)]
 }
 
@@ -225,33 +252,39 @@ fn fixed_evaluate(
     policy: &FixedWindowPolicy,
     live: Option<(u64, u64)>,
     now: u64,
+    cost: u64,
 ) -> Result<(u64, u64, (u64, u64)), u64> {
     let limit = policy.limit().get();
     match live {
         None => {
             let deadline = now + policy.window().as_millis();
-            Ok((limit - 1, deadline - now, (deadline, 1)))
+            Ok((limit - cost, deadline - now, (deadline, cost)))
         }
-        Some((deadline, used)) if used < limit => {
-            Ok((limit - used - 1, deadline - now, (deadline, used + 1)))
+        Some((deadline, used)) if used + cost <= limit => {
+            Ok((limit - used - cost, deadline - now, (deadline, used + cost)))
         }
         Some((deadline, _)) => Err(deadline - now),
     }
 }
 
 fn gcra_policies() -> [GcraPolicy; 3] {
-    let base = gcra("model.a", 3, 1_000, 2);
+    let base = gcra("model.a", 3, 1_000, 4);
     [base.clone(), gcra("model.b", 1, 700, 3), base.with_quota_mode(QuotaMode::Shadow)]
 }
 
 /// GCRA from `gcra.md` §3: state is the scaled arrival time (ms × Q).
-fn gcra_evaluate(policy: &GcraPolicy, tat: Option<u128>, now: u64) -> Result<(u64, u64, u128), u64> {
+fn gcra_evaluate(
+    policy: &GcraPolicy,
+    tat: Option<u128>,
+    now: u64,
+    cost: u64,
+) -> Result<(u64, u64, u128), u64> {
     let q = u128::from(policy.quota().get());
     let p = u128::from(policy.period().as_millis());
     let b = u128::from(policy.burst_capacity().get());
     let now_s = u128::from(now) * q;
     let base = tat.map_or(now_s, |tat| tat.max(now_s));
-    let cand = base + p;
+    let cand = base + u128::from(cost) * p;
     let ceiling = now_s + b * p;
     let narrow = |value: u128| u64::try_from(value).unwrap();
     if cand <= ceiling {

@@ -58,6 +58,8 @@ pub(crate) fn shard_of(counter_key: &[u8; 64]) -> u8 {
 #[derive(Clone, Copy, Debug)]
 struct Spec {
     parameters: FixedWindowParameters,
+    /// The check's cost, between 1 and the limit.
+    cost: u64,
     shard: u8,
 }
 
@@ -72,7 +74,7 @@ struct StoredCounter {
 /// What to write for one allowed check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Write {
-    /// In-window increment of a stored counter.
+    /// In-window increment of a stored counter by the check's cost.
     Increment,
     /// Re-anchor an expired stored counter at the clock sample.
     Renew,
@@ -131,7 +133,7 @@ fn decide(
             }
             None => None,
         };
-        match fixed_window::evaluate(&spec.parameters, window, now) {
+        match fixed_window::evaluate(&spec.parameters, window, now, spec.cost) {
             FixedWindowOutcome::Exhausted(denial) => precedence.quota_exceeded(index, denial),
             FixedWindowOutcome::Allowed { allowance, anchored, .. } => {
                 let write = match (counter, anchored) {
@@ -268,9 +270,9 @@ fn render_writes(keys: &[[u8; 64]], specs: &[Spec], writes: &[Write], anchor_us:
     let mut inserts = Vec::new();
     for ((key, spec), write) in keys.iter().zip(specs).zip(writes) {
         match write {
-            Write::Increment => updates.push((key, false, window_ms(spec))),
-            Write::Renew => updates.push((key, true, window_ms(spec))),
-            Write::Insert => inserts.push((key, window_ms(spec))),
+            Write::Increment => updates.push((key, false, spec.cost, window_ms(spec))),
+            Write::Renew => updates.push((key, true, spec.cost, window_ms(spec))),
+            Write::Insert => inserts.push((key, spec.cost, window_ms(spec))),
         }
     }
     let mut sql = String::new();
@@ -306,6 +308,7 @@ impl Algorithm for FixedWindowPolicy {
             .zip(&keys)
             .map(|(check, key)| Spec {
                 parameters: FixedWindowParameters::of(check.policy()),
+                cost: check.cost(),
                 shard: shard_of(key),
             })
             .collect();
@@ -368,7 +371,7 @@ mod tests {
             Duration::from_millis(window_ms),
         )
         .unwrap();
-        Spec { parameters: FixedWindowParameters::of(&policy), shard }
+        Spec { parameters: FixedWindowParameters::of(&policy), cost: 1, shard }
     }
 
     fn stored(used: i64, expires_in_us: i64) -> Option<StoredCounter> {

@@ -68,16 +68,20 @@ pub(crate) fn reserve(shards: &[i16]) -> String {
     RESERVE_SQL.replace("{shards}", &shards.join(", "))
 }
 
-/// Increments (`renew == false`) or re-anchors (`renew == true`) stored counters.
-pub(crate) fn update(rows: &[(&[u8; 64], bool, u64)], now_us: i64) -> String {
-    let mut values = String::with_capacity(rows.len() * 170);
-    for (index, (key, renew, window_ms)) in rows.iter().enumerate() {
+/// Increments by `cost` (`renew == false`) or re-anchors with `cost` used (`renew == true`)
+/// stored counters; rows are `(key, renew, cost, window_ms)`. The evaluator admitted each
+/// cost, so `used + cost` stays within the limit and never overflows `bigint`.
+pub(crate) fn update(rows: &[(&[u8; 64], bool, u64, u64)], now_us: i64) -> String {
+    let mut values = String::with_capacity(rows.len() * 190);
+    for (index, (key, renew, cost, window_ms)) in rows.iter().enumerate() {
         if index > 0 {
             values.push_str(", ");
         }
         values.push('(');
         push_bytea(&mut values, *key);
         values.push_str(if *renew { ", true, " } else { ", false, " });
+        values.push_str(&cost.to_string());
+        values.push_str("::bigint, ");
         values.push_str(&window_ms.to_string());
         values.push_str("::bigint)");
     }
@@ -87,16 +91,19 @@ pub(crate) fn update(rows: &[(&[u8; 64], bool, u64)], now_us: i64) -> String {
         .replace("{expected}", &rows.len().to_string())
 }
 
-/// Inserts new counters anchored at `now_us`.
-pub(crate) fn insert(rows: &[(&[u8; 64], u64)], now_us: i64) -> String {
-    let mut values = String::with_capacity(rows.len() * 160);
-    for (index, (key, window_ms)) in rows.iter().enumerate() {
+/// Inserts new counters anchored at `now_us`; rows are `(key, cost, window_ms)`, the new
+/// counter's `used` being the check's cost.
+pub(crate) fn insert(rows: &[(&[u8; 64], u64, u64)], now_us: i64) -> String {
+    let mut values = String::with_capacity(rows.len() * 180);
+    for (index, (key, cost, window_ms)) in rows.iter().enumerate() {
         if index > 0 {
             values.push_str(", ");
         }
         values.push('(');
         push_bytea(&mut values, *key);
         values.push_str(", ");
+        values.push_str(&cost.to_string());
+        values.push_str("::bigint, ");
         values.push_str(&window_ms.to_string());
         values.push_str("::bigint)");
     }
@@ -133,10 +140,13 @@ mod tests {
         assert!(lock.contains("pg_catalog.set_config('lock_timeout', '1500', true)"), "{lock}");
         assert_eq!(lock.matches(';').count(), 1);
         assert!(reserve(&[0, 255]).contains("ARRAY[0, 255]::smallint[]"));
-        assert!(update(&[(&key, true, 60_000)], 17).contains("'hex'), true, 60000::bigint)"));
-        assert!(update(&[(&key, true, 60_000)], 17).contains("17::bigint"));
-        assert!(update(&[(&key, true, 60_000)], 17).contains("pg_catalog.count(*) = 1 THEN"));
-        assert!(insert(&[(&key, 5)], -3).contains("'hex'), 5::bigint)"));
+        assert!(update(&[(&key, true, 3, 60_000)], 17).contains("'hex'), true, 3::bigint, 60000::bigint)"));
+        assert!(update(&[(&key, true, 3, 60_000)], 17).contains("17::bigint"));
+        assert!(update(&[(&key, true, 3, 60_000)], 17).contains("pg_catalog.count(*) = 1 THEN"));
+        assert!(
+            insert(&[(&key, 9_223_372_036_854_775_807, 5)], -3)
+                .contains("'hex'), 9223372036854775807::bigint, 5::bigint)")
+        );
         assert!(cleanup(250).contains("LIMIT 250"));
     }
 }

@@ -14,7 +14,7 @@ use runlimit_core::{
     Check, GcraPolicy, QuotaMode,
     backend::{
         batch::Precedence,
-        gcra::{self, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+        gcra::{self, GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
     },
 };
 use sqlx::{PgConnection, PgPool, Row, migrate::Migrator};
@@ -33,6 +33,8 @@ use crate::{
 #[derive(Clone, Copy, Debug)]
 struct GcraSpec {
     parameters: GcraParameters,
+    /// The check's cost, between 1 and the burst capacity.
+    cost: u64,
     shard: u8,
 }
 
@@ -98,7 +100,7 @@ fn to_write(
 /// arrival times (`stored[i]` for check `i`, `None` when the key has no row) and the locked
 /// ledger rows of every shard the batch touches.
 ///
-/// Each check costs one unit and is evaluated by [`gcra::evaluate`], the evaluator
+/// Each check is evaluated at its own cost by [`gcra::evaluate`], the evaluator
 /// `runlimit_memory::GcraStore` uses; an expired row is equivalent to no state and is reused
 /// by its key. A key without a row whose shard already holds `maximum_rows_per_shard` rows
 /// (counting new keys of earlier checks in this batch) is a storage-capacity denial without a
@@ -133,8 +135,10 @@ fn decide(
             Some(row) => Some(stored_tat(*row, parameters).ok_or("stored arrival time out of range")?),
             None => None,
         };
-        let outcome =
-            gcra::evaluate(parameters, tat, now_ms, 1).map_err(|_| "stored arrival time out of range")?;
+        let outcome = gcra::evaluate(parameters, tat, now_ms, spec.cost).map_err(|error| match error {
+            GcraError::StateOutOfRange => "stored arrival time out of range",
+            _ => "cost out of range",
+        })?;
         match outcome {
             GcraOutcome::Allowed { tat: next, .. } => {
                 if row.is_none() {
@@ -253,7 +257,11 @@ impl Algorithm for GcraPolicy {
         let specs: Vec<GcraSpec> = checks
             .iter()
             .zip(&keys)
-            .map(|(check, key)| GcraSpec { parameters: *GcraParameters::of(check.policy()), shard: key[32] })
+            .map(|(check, key)| GcraSpec {
+                parameters: *GcraParameters::of(check.policy()),
+                cost: check.cost(),
+                shard: key[32],
+            })
             .collect();
         let mut shards: Vec<i16> = specs.iter().map(|spec| i16::from(spec.shard)).collect();
         shards.sort_unstable();
@@ -343,7 +351,7 @@ mod tests {
             Capacity::new(b).unwrap(),
         )
         .unwrap();
-        GcraSpec { parameters, shard }
+        GcraSpec { parameters, cost: 1, shard }
     }
 
     fn ledger(entries: &[(u8, i64)]) -> [Option<LedgerRow>; 256] {
