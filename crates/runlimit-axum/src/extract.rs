@@ -1,4 +1,4 @@
-//! Synchronous subject-key extraction.
+//! Synchronous subject-key and cost extraction.
 
 use http::request::Parts;
 use runlimit_core::SubjectKey;
@@ -18,6 +18,18 @@ use runlimit_core::SubjectKey;
 ///
 /// Implemented for every `Fn(&Parts, &P) -> Result<SubjectKey, E>`. A closure needs its
 /// argument types written out, because they are not inferred through this trait.
+///
+/// # Weighted requests
+///
+/// Each request costs one unit unless the extractor overrides
+/// [`extract_cost`](Self::extract_cost) (closures always cost one). The cost is chosen from
+/// the same request head, never from the body, which is not read before admission: a
+/// declared size (`Content-Length`), a route, or a header naming how many credits or tokens
+/// the request reserves. The layer validates it against its policy with
+/// [`Check::with_cost`](runlimit_core::Check::with_cost); a cost of zero or above the
+/// policy's capacity reaches the mapper as
+/// [`RateLimitRejection::InvalidCost`](crate::RateLimitRejection::InvalidCost), and no limiter
+/// is consulted.
 ///
 /// # Errors
 ///
@@ -78,6 +90,47 @@ use runlimit_core::SubjectKey;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
+/// A weighted extractor charges a bulk endpoint by the number of items a header declares:
+///
+/// ```
+/// use http::request::Parts;
+/// use runlimit_axum::ExtractSubjectKey;
+/// use runlimit_core::{FixedWindowPolicy, KeyHasher, SubjectKey};
+///
+/// struct BulkItems {
+///     hasher: KeyHasher,
+/// }
+///
+/// #[derive(Debug)]
+/// enum BadRequest {
+///     MissingAccount,
+///     MalformedItemCount,
+/// }
+///
+/// impl ExtractSubjectKey<FixedWindowPolicy> for BulkItems {
+///     type Error = BadRequest;
+///
+///     fn extract_subject_key(&self, parts: &Parts, policy: &FixedWindowPolicy) -> Result<SubjectKey, BadRequest> {
+///         let account = parts.headers.get("x-account").ok_or(BadRequest::MissingAccount)?;
+///         Ok(self.hasher.hash_for(policy, account.as_bytes()).into_unbound_subject_key())
+///     }
+///
+///     /// One unit per item; a request without the header counts as one item.
+///     fn extract_cost(&self, parts: &Parts, _: &FixedWindowPolicy) -> Result<u64, BadRequest> {
+///         match parts.headers.get("x-item-count") {
+///             None => Ok(1),
+///             Some(value) => value
+///                 .to_str()
+///                 .ok()
+///                 .and_then(|text| text.parse().ok())
+///                 .ok_or(BadRequest::MalformedItemCount),
+///         }
+///     }
+/// }
+/// # let _ = BulkItems { hasher: KeyHasher::new(&[1; 32])? };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// [`KeyHasher::hash_for`]: runlimit_core::KeyHasher::hash_for
 pub trait ExtractSubjectKey<P: ?Sized> {
     /// Why no subject could be named.
@@ -89,6 +142,24 @@ pub trait ExtractSubjectKey<P: ?Sized> {
     ///
     /// [`Self::Error`] when the request lacks the metadata needed to name a subject.
     fn extract_subject_key(&self, parts: &Parts, policy: &P) -> Result<SubjectKey, Self::Error>;
+
+    /// The units this request costs under `policy`, from the request head: 1 unless
+    /// overridden. Called after [`extract_subject_key`](Self::extract_subject_key) succeeded.
+    ///
+    /// The layer rejects a cost of 0 or above the policy's
+    /// [`capacity`](runlimit_core::RateLimitPolicy::capacity) as
+    /// [`RateLimitRejection::InvalidCost`](crate::RateLimitRejection::InvalidCost), without
+    /// consulting the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`Self::Error`] when the head does not say what the request costs (a malformed
+    /// header); the layer passes it to the mapper as
+    /// [`RateLimitRejection::Extraction`](crate::RateLimitRejection::Extraction).
+    fn extract_cost(&self, parts: &Parts, policy: &P) -> Result<u64, Self::Error> {
+        let _ = (parts, policy);
+        Ok(1)
+    }
 }
 
 impl<F, P, E> ExtractSubjectKey<P> for F

@@ -113,18 +113,35 @@ where
     K: ExtractSubjectKey<L::Policy>,
     M: MapRejection<L::Policy, K::Error, L::CheckError>,
 {
-    /// Step 1: the extractor, bound to nothing yet. On error, the mapper's response.
-    pub(crate) fn extract(&self, parts: &http::request::Parts) -> Result<SubjectKey, M::Response> {
-        self.extractor.extract_subject_key(parts, &self.policy).map_err(|error| {
+    /// Step 1: the extractor, bound to nothing yet, then the request's cost validated against
+    /// this layer's policy. On error, the mapper's response.
+    pub(crate) fn extract(&self, parts: &http::request::Parts) -> Result<(SubjectKey, u64), M::Response> {
+        let extracted = self
+            .extractor
+            .extract_subject_key(parts, &self.policy)
+            .and_then(|key| Ok((key, self.extractor.extract_cost(parts, &self.policy)?)));
+        let (key, cost) = extracted.map_err(|error| {
             self.mapper
                 .map_rejection(RateLimitRejection::Extraction { policy: Arc::clone(&self.policy), error })
+        })?;
+        self.bind(key, cost)?;
+        Ok((key, cost))
+    }
+
+    /// The check of `key` at `cost` under this layer's policy, or the mapper's response to an
+    /// impossible cost.
+    fn bind(&self, key: SubjectKey, cost: u64) -> Result<Check<'_, L::Policy>, M::Response> {
+        Check::new(key.bind(&*self.policy)).with_cost(cost).map_err(|error| {
+            self.mapper
+                .map_rejection(RateLimitRejection::InvalidCost { policy: Arc::clone(&self.policy), error })
         })
     }
 
-    /// Steps 2–4: binds `key` to this layer's policy, checks it, and returns the admission
-    /// to record or the mapper's response.
-    pub(crate) async fn check(self: Arc<Self>, key: SubjectKey) -> Result<Admission, M::Response> {
-        let check = Check::new(key.bind(&*self.policy));
+    /// Steps 2–4: binds `key` to this layer's policy at `cost` (validated by
+    /// [`extract`](Self::extract), so binding again cannot fail), checks it, and returns the
+    /// admission to record or the mapper's response.
+    pub(crate) async fn check(self: Arc<Self>, key: SubjectKey, cost: u64) -> Result<Admission, M::Response> {
+        let check = self.bind(key, cost)?;
         let rejection = match self.limiter.check(&check).await {
             Ok(decision) => match decision.admit() {
                 Ok(admitted) => return Ok(self.admission(admitted)),

@@ -6,9 +6,11 @@
 //!
 //! - a synchronous key extractor ([`ExtractSubjectKey`], or a closure
 //!   `Fn(&Parts, &Policy) -> Result<SubjectKey, E>`) that names the opaque subject;
+//!   and, optionally, what the request costs
+//!   ([`ExtractSubjectKey::extract_cost`], one unit unless overridden), from the head alone;
 //! - a rejection mapper ([`MapRejection`], or a closure) that owns the status, body and
-//!   headers for an extraction error, an enforced denial, and a backend error, all variants
-//!   of the exhaustive [`RateLimitRejection`].
+//!   headers for an extraction error, an impossible cost, an enforced denial, and a backend
+//!   error, all variants of the exhaustive [`RateLimitRejection`].
 //!
 //! The layer binds the extracted key to its own configured policy, so an extractor picks the
 //! subject but can never swap the policy that is evaluated and recorded. Works with any
@@ -49,7 +51,9 @@
 //!                 let seconds = quota.retry_after().seconds().to_string();
 //!                 (StatusCode::TOO_MANY_REQUESTS, [(RETRY_AFTER, seconds)], "slow down").into_response()
 //!             }
-//!             RateLimitRejection::Extraction { .. } => StatusCode::BAD_REQUEST.into_response(),
+//!             RateLimitRejection::Extraction { .. } | RateLimitRejection::InvalidCost { .. } => {
+//!                 StatusCode::BAD_REQUEST.into_response()
+//!             }
 //!             RateLimitRejection::Denied { denial: Denial::StorageCapacity { .. }, .. }
 //!             | RateLimitRejection::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE.into_response(),
 //!         }
@@ -138,7 +142,7 @@
 //!
 //! One heap allocation per checked request: the limiter's future is an unnameable
 //! `impl Future` that borrows the layer's policy, so it is boxed with the layer state it
-//! borrows. Rejections by the extractor allocate nothing.
+//! borrows. Rejections by the extractor, and of an impossible cost, allocate nothing.
 //!
 //! # Feature flags
 //!

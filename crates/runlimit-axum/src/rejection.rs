@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc};
 
-use runlimit_core::{Denial, RateLimitPolicy};
+use runlimit_core::{CostError, Denial, RateLimitPolicy};
 
 /// Every way a [`RateLimitLayer`](crate::RateLimitLayer) can refuse a request. Exhaustive on
 /// purpose: a mapper names every arm, so a new reason would be a compile error rather than a
@@ -22,6 +22,16 @@ pub enum RateLimitRejection<P, E, C> {
         policy: Arc<P>,
         /// The extractor's error.
         error: E,
+    },
+    /// The extractor's [cost](crate::ExtractSubjectKey::extract_cost) for this request is
+    /// zero or above the policy's capacity, so no wait could admit it (a client error, such as
+    /// an oversized request, rather than a rate limit). No limiter was consulted and nothing
+    /// was consumed.
+    InvalidCost {
+        /// The layer's policy.
+        policy: Arc<P>,
+        /// Why the cost was rejected, with the cost and the policy's capacity.
+        error: CostError,
     },
     /// The limiter denied the request under enforcement: quota exhausted, or storage full.
     /// Nothing was consumed. The inner service was not called and the body was not read.
@@ -48,9 +58,10 @@ impl<P, E, C> RateLimitRejection<P, E, C> {
     #[must_use]
     pub fn policy(&self) -> &Arc<P> {
         match self {
-            Self::Extraction { policy, .. } | Self::Denied { policy, .. } | Self::Backend { policy, .. } => {
-                policy
-            }
+            Self::Extraction { policy, .. }
+            | Self::InvalidCost { policy, .. }
+            | Self::Denied { policy, .. }
+            | Self::Backend { policy, .. } => policy,
         }
     }
 }
@@ -61,6 +72,12 @@ impl<P: RateLimitPolicy, E: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitR
         match self {
             Self::Extraction { policy, error } => f
                 .debug_struct("Extraction")
+                .field("policy", policy.id())
+                .field("scope", policy.scope())
+                .field("error", error)
+                .finish(),
+            Self::InvalidCost { policy, error } => f
+                .debug_struct("InvalidCost")
                 .field("policy", policy.id())
                 .field("scope", policy.scope())
                 .field("error", error)
@@ -103,6 +120,7 @@ impl<P: RateLimitPolicy, E: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitR
 /// fn reject(rejection: RateLimitRejection<FixedWindowPolicy, &'static str, Infallible>) -> Response<String> {
 ///     let (status, body) = match rejection {
 ///         RateLimitRejection::Extraction { .. } => (StatusCode::BAD_REQUEST, "missing client"),
+///         RateLimitRejection::InvalidCost { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too large"),
 ///         RateLimitRejection::Denied { denial: Denial::QuotaExceeded(_), .. } => {
 ///             (StatusCode::TOO_MANY_REQUESTS, "slow down")
 ///         }

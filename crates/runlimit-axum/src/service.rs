@@ -93,11 +93,11 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
 
         let (parts, body) = request.into_parts();
-        let key = match self.shared.extract(&parts) {
-            Ok(key) => key,
+        let (key, cost) = match self.shared.extract(&parts) {
+            Ok(extracted) => extracted,
             Err(response) => return ResponseFuture::rejected(response),
         };
-        let check = Box::pin(Arc::clone(&self.shared).check(key));
+        let check = Box::pin(Arc::clone(&self.shared).check(key, cost));
         ResponseFuture::checking(check, inner, Request::from_parts(parts, body))
     }
 }

@@ -307,6 +307,11 @@ where
                 );
                 Problem::about_blank(error.status(), error.to_string()).into_response()
             }
+            // The demo's extractors charge every request one unit, which every policy grants;
+            // an application that weighs requests answers an impossible cost here.
+            RateLimitRejection::InvalidCost { error, .. } => {
+                Problem::about_blank(StatusCode::BAD_REQUEST, error.to_string()).into_response()
+            }
             RateLimitRejection::Denied { policy, denial: Denial::QuotaExceeded(quota) } => {
                 let mut fields = RateLimitFields::new();
                 push_fields(&mut fields, &self.name, &*policy, quota);

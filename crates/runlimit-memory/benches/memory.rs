@@ -23,6 +23,9 @@
 //! - `batch_across_shards/*`: the same batch with a different subject key per policy (what
 //!   `KeyHasher::hash_for` derives: the policy is part of the HMAC input), so the two entries
 //!   usually live on two shards and the batch takes two shard locks.
+//! - `weighted_cost_1/*`: the single-threaded workload with every check built through
+//!   `Check::with_cost(1)` (governor: `check_key_n` with n = 1), measured in the same rounds as
+//!   `single_threaded`, so the weighted path is compared side by side with the plain check.
 //!
 //! After criterion finishes, the bench prints a summary: ns per check for each limiter, the
 //! ratio to governor, the batch-to-single ratio, and resident memory per key with 1,000,000
@@ -116,6 +119,8 @@ trait Subject: Sync {
     /// An atomic two-check batch with a different subject key per policy (governor: two
     /// independent checks).
     fn check_pair_across(&self, digest: &[u8; 32]) -> bool;
+    /// One check of cost 1 through the weighted path (governor: `check_key_n`).
+    fn check_weighted(&self, digest: &[u8; 32]) -> bool;
 }
 
 /// The second policy's subject key in `batch_across_shards`: another uniform digest, so its
@@ -165,6 +170,12 @@ macro_rules! store_subject {
                 ];
                 self.store.check_all(&checks).unwrap().permits_request()
             }
+            fn check_weighted(&self, digest: &[u8; 32]) -> bool {
+                let check = Check::new(SubjectKey::from_digest(*digest).bind(&self.first))
+                    .with_cost(black_box(1))
+                    .unwrap();
+                self.store.check(&check).unwrap().permits_request()
+            }
         }
     };
 }
@@ -189,6 +200,9 @@ impl Subject for Governor {
     }
     fn check_pair_across(&self, digest: &[u8; 32]) -> bool {
         self.first.check_key(digest).is_ok() & self.second.check_key(&second_digest(digest)).is_ok()
+    }
+    fn check_weighted(&self, digest: &[u8; 32]) -> bool {
+        matches!(self.first.check_key_n(digest, black_box(NonZeroU32::MIN)), Ok(Ok(())))
     }
 }
 
@@ -232,16 +246,19 @@ enum Workload {
     TwoChecks,
     /// One atomic two-check batch with a subject key per policy (usually two shards).
     BatchAcross,
+    /// [`Single`](Self::Single) through `Check::with_cost(1)`.
+    Weighted,
 }
 
 impl Workload {
-    const ALL: [(Self, &'static str); 6] = [
+    const ALL: [(Self, &'static str); 7] = [
         (Self::Single, "single_threaded"),
         (Self::TwoThreads, "multi_threaded"),
         (Self::Flood, "flood"),
         (Self::Batch, "batch"),
         (Self::TwoChecks, "two_checks"),
         (Self::BatchAcross, "batch_across_shards"),
+        (Self::Weighted, "weighted_cost_1"),
     ];
 
     fn limiters(self) -> &'static [&'static str] {
@@ -274,7 +291,7 @@ impl Bench {
         }
         for d in &digests {
             match workload {
-                Workload::Single | Workload::TwoThreads => drop(limiter.check(d)),
+                Workload::Single | Workload::TwoThreads | Workload::Weighted => drop(limiter.check(d)),
                 Workload::Batch | Workload::TwoChecks => drop(limiter.check_pair(d)),
                 Workload::BatchAcross => drop(limiter.check_pair_across(d)),
                 Workload::Flood => {}
@@ -313,6 +330,11 @@ impl Bench {
             Workload::BatchAcross => timed(|| {
                 for _ in 0..iters {
                     black_box(limiter.check_pair_across(next()));
+                }
+            }),
+            Workload::Weighted => timed(|| {
+                for _ in 0..iters {
+                    black_box(limiter.check_weighted(next()));
                 }
             }),
             Workload::TwoThreads => two_threads(limiter, digests, iters),
@@ -531,6 +553,7 @@ fn print_table(title: &str, figures: &dyn Fn(Workload, &str) -> Option<f64>) {
         (Workload::Batch, "two-check batch"),
         (Workload::TwoChecks, "same two checks, independently"),
         (Workload::BatchAcross, "two-check batch across shards"),
+        (Workload::Weighted, "one thread, with_cost(1) checks"),
     ] {
         let [memory, gcra, governor] = LIMITERS.map(|name| figures(workload, name));
         println!(
@@ -561,6 +584,13 @@ fn print_table(title: &str, figures: &dyn Fn(Workload, &str) -> Option<f64>) {
         ratio(batch("memory_store"), two("memory_store")),
         ratio(batch("gcra_store"), two("gcra_store"))
     );
+    let weighted = |name| figures(Workload::Weighted, name);
+    println!(
+        "with_cost(1) check / plain single check (target: within noise): MemoryStore {}, GcraStore {}, governor check_key_n {}",
+        ratio(weighted("memory_store"), single("memory_store")),
+        ratio(weighted("gcra_store"), single("gcra_store")),
+        ratio(weighted("governor"), single("governor"))
+    );
 }
 
 fn summary(directory: &std::path::Path) {
@@ -572,7 +602,8 @@ fn summary(directory: &std::path::Path) {
         estimate(directory, group(workload)?, name)
     });
     let measured: Vec<(Workload, Vec<f64>)> = [
-        &[Workload::Single, Workload::Batch, Workload::TwoChecks, Workload::BatchAcross][..],
+        &[Workload::Single, Workload::Weighted, Workload::Batch, Workload::TwoChecks, Workload::BatchAcross]
+            [..],
         &[Workload::TwoThreads],
         &[Workload::Flood],
     ]

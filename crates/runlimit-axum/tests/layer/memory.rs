@@ -10,7 +10,7 @@ use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig};
 
 use crate::{
     real_http::{Server, client, header_names, post_text},
-    support::{Calls, handler, identity_header, peer, policy, reject},
+    support::{Calls, WeightedIdentity, handler, identity_header, peer, policy, reject},
 };
 
 #[tokio::test]
@@ -128,4 +128,70 @@ async fn shadow_memory_gate_admits_over_real_http() {
     assert_eq!(shadowed.headers()["ratelimit"], r#""auth.login-client";r=0;t=60"#);
     assert_eq!(body, "b|client=shadow:60");
     assert_eq!(calls.get(), 2);
+}
+
+/// Posts `body` with `x-identity: erin` and, when given, `x-cost`.
+async fn post_costing(
+    server: &Server,
+    cost: Option<&str>,
+    body: &'static str,
+) -> (StatusCode, String, String) {
+    use http_body_util::{BodyExt as _, Full};
+    let mut request = http::Request::post(server.url()).header("x-identity", "erin");
+    if let Some(cost) = cost {
+        request = request.header("x-cost", cost);
+    }
+    let response = client().request(request.body(Full::from(body)).unwrap()).await.unwrap();
+    let status = response.status();
+    let ratelimit =
+        response.headers().get("ratelimit").map_or(String::new(), |value| value.to_str().unwrap().to_owned());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, ratelimit, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn weighted_requests_consume_the_cost_the_head_declares_over_real_http() {
+    // L = 10 per 60 s, keyed by identity, charged by `x-cost`.
+    let store = Arc::new(MemoryStore::new(MemoryStoreConfig::new(1_000).unwrap()));
+    let calls = Calls::default();
+    let app = Router::new()
+        .route("/login", post(handler))
+        .route_layer(RateLimitLayer::new(
+            Arc::clone(&store),
+            policy("identity", 10),
+            WeightedIdentity,
+            reject,
+        ))
+        .with_state(calls.clone());
+    let server = Server::start(app).await;
+
+    // A cost of 4 leaves 10 − 4 = 6, and `r` in the RateLimit field follows it.
+    let (status, ratelimit, body) = post_costing(&server, Some("4"), "a").await;
+    assert_eq!(
+        (status, ratelimit.as_str(), body.as_str()),
+        (StatusCode::OK, r#""auth.login-identity";r=6;t=60"#, "a|identity=allowed:6")
+    );
+    // Impossible costs are the mapper's 413, before the limiter: nothing is consumed.
+    let (status, _, body) = post_costing(&server, Some("11"), "b").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "a cost of 11 units exceeds the policy's capacity of 10")
+    );
+    let (status, _, body) = post_costing(&server, Some("0"), "c").await;
+    assert_eq!((status, body.as_str()), (StatusCode::PAYLOAD_TOO_LARGE, "a check must cost at least 1 unit"));
+    // A head that does not say what it costs is an extraction error.
+    let (status, _, body) = post_costing(&server, Some("lots"), "d").await;
+    assert_eq!((status, body.as_str()), (StatusCode::BAD_REQUEST, "missing a numeric x-cost"));
+    // 7 does not fit the 6 left: denied, consuming nothing; 6 then fits exactly.
+    let (status, ratelimit, _) = post_costing(&server, Some("7"), "e").await;
+    assert_eq!(
+        (status, ratelimit.as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, r#""auth.login-identity";r=0;t=60"#)
+    );
+    let (status, _, body) = post_costing(&server, Some("6"), "f").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "f|identity=allowed:0"));
+    // Without the header a request costs 1, which no longer fits.
+    let (status, _, _) = post_costing(&server, None, "g").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.get(), 2, "only the two allowed requests reached the handler");
 }

@@ -28,7 +28,7 @@ use http::{
     request::Parts,
 };
 use http_body::Frame;
-use runlimit_axum::{Admissions, RateLimitRejection};
+use runlimit_axum::{Admissions, ExtractSubjectKey, RateLimitRejection};
 use runlimit_core::{
     Admitted, Allowance, BatchDecision, Check, CounterKey, Decision, Delay, Denial, FixedWindowPolicy,
     KeyHasher, Limiter, PolicyId, QuotaDenial, QuotaMode, RateLimitPolicy, ScopeId, SubjectKey,
@@ -178,11 +178,39 @@ pub(crate) fn peer<P: RateLimitPolicy>(parts: &Parts, policy: &P) -> Result<Subj
     Ok(hasher().hash_for(policy, subject.as_bytes()).into_unbound_subject_key())
 }
 
+/// Keys by the lowercased `x-identity` header and charges the units the `x-cost` header
+/// declares (1 without it; a value that is not a number is an extraction error).
+pub(crate) struct WeightedIdentity;
+
+impl ExtractSubjectKey<FixedWindowPolicy> for WeightedIdentity {
+    type Error = MissingHeader;
+
+    fn extract_subject_key(
+        &self,
+        parts: &Parts,
+        policy: &FixedWindowPolicy,
+    ) -> Result<SubjectKey, MissingHeader> {
+        identity_header(parts, policy)
+    }
+
+    fn extract_cost(&self, parts: &Parts, _: &FixedWindowPolicy) -> Result<u64, MissingHeader> {
+        match parts.headers.get("x-cost") {
+            None => Ok(1),
+            Some(value) => value
+                .to_str()
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or(MissingHeader("a numeric x-cost")),
+        }
+    }
+}
+
 pub(crate) fn name_of<P: RateLimitPolicy + ?Sized>(policy: &P) -> PolicyName {
     PolicyName::new(&format!("{}-{}", policy.id(), policy.scope())).unwrap()
 }
 
-/// The application's mapper: 400 for missing metadata, 429 problem details with
+/// The application's mapper: 400 for missing metadata, 413 naming the error for an
+/// impossible cost, 429 problem details with
 /// `Retry-After` and RateLimit fields for quota, 503 for storage and backend failures.
 pub(crate) fn reject<P: RateLimitPolicy, C: fmt::Display>(
     rejection: RateLimitRejection<P, MissingHeader, C>,
@@ -190,6 +218,9 @@ pub(crate) fn reject<P: RateLimitPolicy, C: fmt::Display>(
     match rejection {
         RateLimitRejection::Extraction { error: MissingHeader(header), .. } => {
             (StatusCode::BAD_REQUEST, format!("missing {header}")).into_response()
+        }
+        RateLimitRejection::InvalidCost { error, .. } => {
+            (StatusCode::PAYLOAD_TOO_LARGE, error.to_string()).into_response()
         }
         RateLimitRejection::Denied { policy, denial: Denial::QuotaExceeded(quota) } => {
             let name = name_of(&policy);
