@@ -21,8 +21,8 @@ use crate::{
     QuotaBackend,
     support::{
         allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
-        decide, decide_all, fixed_window, fixed_window_in, quota_denial, quota_denied, rejected_batch,
-        shadow_denied, storage_denial, storage_denied, storage_retry, subject,
+        decide, decide_all, fixed_window, fixed_window_in, peek, quota_denial, quota_denied, rejected_batch,
+        reset, shadow_denied, snapshot, storage_denial, storage_denied, storage_retry, subject,
     },
 };
 
@@ -56,6 +56,10 @@ macro_rules! __fixed_window_scenario_names {
             batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others
             shadow_cost_that_does_not_fit_admits_and_consumes_nothing
             cost_of_max_limit_on_a_max_limit_policy
+            peek_reports_the_window_without_consuming_anything
+            peek_never_creates_state_or_takes_a_slot
+            reset_clears_the_state_and_frees_the_slot
+            reset_through_a_shadow_policy_clears_the_shared_counter
         ] }
     };
 }
@@ -690,4 +694,106 @@ pub async fn cost_of_max_limit_on_a_max_limit_policy<B: QuotaBackend<Policy = Fi
     assert_eq!(allowed(&decide(backend, &costly(&policy, subject(2), MAX_LIMIT - 1)).await), (1, w));
     assert_eq!(allowed(&decide(backend, &check(&policy, subject(2))).await), (0, w));
     assert_eq!(quota_denied(&decide(backend, &costly(&policy, subject(2), MAX_LIMIT)).await), (MAX_LIMIT, w));
+}
+
+/// A peek reports the window exactly (available `L − u`, the next unit and full
+/// replenishment both at the window's end, `None` for the next unit of a full quota), answers
+/// whether a cost would be allowed, and consumes nothing however often it runs.
+///
+/// L = 5, W = 1,000 ms. Fresh: (5, none, 0). A cost of 2 anchors at 100 ms (deadline 1,100);
+/// at 300 ms three peeks read (3, 800, 800): a cost of 3 would be allowed, 4 not. The check of
+/// cost 3 is then allowed with 0 left (the peeks took nothing); a peek reads (0, 800, 800). At
+/// 1,100 ms the window is over: full again.
+pub async fn peek_reports_the_window_without_consuming_anything<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let policy = fixed_window("fw.peek", 5, 1_000);
+    let key = subject(1);
+    let subject = key.bind(&policy);
+    let fresh = peek(backend, subject).await;
+    assert_eq!((snapshot(&fresh), fresh.capacity().get(), fresh.is_full()), ((5, None, 0), 5, true));
+    backend.advance(100).await;
+    assert_eq!(allowed(&decide(backend, &costly(&policy, key, 2)).await), (3, 1_000));
+    backend.advance(200).await; // 300 ms
+    for _ in 0..3 {
+        let read = peek(backend, subject).await;
+        assert_eq!(snapshot(&read), (3, Some(800), 800));
+        assert_eq!((read.would_allow(3), read.would_allow(4), read.would_allow(0)), (true, false, false));
+    }
+    assert_eq!(allowed(&decide(backend, &costly(&policy, key, 3)).await), (0, 800));
+    assert_eq!(snapshot(&peek(backend, subject).await), (0, Some(800), 800));
+    backend.advance(800).await; // 1,100 ms: the deadline
+    assert_eq!(snapshot(&peek(backend, subject).await), (5, None, 0));
+}
+
+/// A peek of a subject without state creates none: on a full shard it still answers (a full
+/// quota), and a peek of a new key on a shard with one free slot leaves the slot free.
+///
+/// Shard of 1 key; L = 2, W = 1,000 ms. Peeking `a` first leaves room for `b`, which anchors at
+/// 0 ms; then `a` is still a fresh subject to a peek, and its check is a storage denial.
+pub async fn peek_never_creates_state_or_takes_a_slot<B: QuotaBackend<Policy = FixedWindowPolicy>>(
+    backend: &mut B,
+) {
+    backend.bounded(1).await;
+    let policy = fixed_window("fw.peek.slot", 2, 1_000);
+    let keys = backend.subjects_in_one_shard(2);
+    let (a, b) = (keys[0].bind(&policy), keys[1].bind(&policy));
+    assert_eq!(snapshot(&peek(backend, a).await), (2, None, 0));
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (1, 1_000));
+    assert_eq!(snapshot(&peek(backend, a).await), (2, None, 0));
+    assert_eq!(snapshot(&peek(backend, b).await), (1, Some(1_000), 1_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[0])).await), storage_retry::<B>(1_000));
+}
+
+/// A reset removes the subject's state and says whether there was any: the next check
+/// anchors a fresh window at its own time with the whole limit, and the freed slot admits a
+/// new key on a full shard. A second reset, or a reset of an expired window, finds nothing.
+///
+/// Shard of 1 key; L = 3, W = 1,000 ms. `a` spends 3 at 0 ms; `b` is refused a slot. At 200 ms
+/// `a` is reset (true, then false); `b` now anchors (2 left, deadline 1,200) and `a` is refused.
+/// Reset `b` at 300 ms (true); `a` anchors a fresh window at 300 ms: 2 left, 1,000 ms. At
+/// 1,300 ms `a`'s window is over: its reset finds no live state (false).
+pub async fn reset_clears_the_state_and_frees_the_slot<B: QuotaBackend<Policy = FixedWindowPolicy>>(
+    backend: &mut B,
+) {
+    backend.bounded(1).await;
+    let policy = fixed_window("fw.reset", 3, 1_000);
+    let keys = backend.subjects_in_one_shard(2);
+    let (a, b) = (keys[0].bind(&policy), keys[1].bind(&policy));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, keys[0], 3)).await), (0, 1_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[1])).await), storage_retry::<B>(1_000));
+    backend.advance(200).await;
+    assert!(reset(backend, a).await, "a held live state");
+    assert!(!reset(backend, a).await, "nothing left to reset");
+    assert_eq!(snapshot(&peek(backend, a).await), (3, None, 0));
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (2, 1_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[0])).await), storage_retry::<B>(1_000));
+    backend.advance(100).await; // 300 ms
+    assert!(reset(backend, b).await);
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[0])).await), (2, 1_000));
+    backend.advance(1_000).await; // 1,300 ms: a's window ended
+    assert!(!reset(backend, a).await, "an expired window is no live state");
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (2, 1_000), "the slot is free");
+}
+
+/// Quota mode is not part of the storage key, so a reset through the shadow twin of a policy
+/// clears the counter the enforced policy uses, and a reset of one policy leaves another
+/// policy's counter for the same subject alone.
+///
+/// L = 1, W = 1,000 ms for both policies; both exhausted at 0 ms.
+pub async fn reset_through_a_shadow_policy_clears_the_shared_counter<
+    B: QuotaBackend<Policy = FixedWindowPolicy>,
+>(
+    backend: &mut B,
+) {
+    let enforced = fixed_window("fw.reset.shared", 1, 1_000);
+    let shadow = enforced.clone().with_quota_mode(QuotaMode::Shadow);
+    let other = fixed_window("fw.reset.other", 1, 1_000);
+    assert_eq!(allowed(&decide(backend, &check(&enforced, subject(1))).await), (0, 1_000));
+    assert_eq!(allowed(&decide(backend, &check(&other, subject(1))).await), (0, 1_000));
+    assert!(reset(backend, subject(1).bind(&shadow)).await);
+    assert_eq!(allowed(&decide(backend, &check(&enforced, subject(1))).await), (0, 1_000));
+    assert_eq!(quota_denied(&decide(backend, &check(&other, subject(1))).await), (1, 1_000));
 }

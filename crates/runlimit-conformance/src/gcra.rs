@@ -21,8 +21,8 @@ use crate::{
     QuotaBackend,
     support::{
         allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
-        decide, decide_all, gcra, gcra_in, quota_denial, quota_denied, rejected_batch, shadow_denied,
-        storage_denial, storage_denied, storage_retry, subject,
+        decide, decide_all, gcra, gcra_in, peek, quota_denial, quota_denied, rejected_batch, reset,
+        shadow_denied, snapshot, storage_denial, storage_denied, storage_retry, subject,
     },
 };
 
@@ -52,6 +52,9 @@ macro_rules! __gcra_scenario_names {
             costs_outside_one_to_the_burst_are_rejected_when_the_check_is_built
             batch_member_whose_cost_does_not_fit_consumes_nothing_from_the_others
             cost_of_max_limit_on_a_max_limit_policy
+            peek_reports_the_exact_state_without_consuming_anything
+            peek_never_creates_state_or_takes_a_slot
+            reset_clears_the_state_and_frees_the_slot
         ] }
     };
 }
@@ -625,4 +628,81 @@ pub async fn cost_of_max_limit_on_a_max_limit_policy<B: QuotaBackend<Policy = Gc
     assert_eq!(quota_denied(&decide(backend, &check(&policy, subject(1))).await), (MAX_LIMIT, 1));
     backend.advance(1).await;
     assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1_023_999, w));
+}
+
+/// A peek reports the exact GCRA state (the units spendable now, the time until one more is
+/// and until fully rested) and consumes nothing; for an empty quota its next unit is a cost-1
+/// check's retry.
+///
+/// Q = 10 per 1,000 ms, B = 5 (scaled P = 1,000, B·P = 5,000), state after a cost of 3 at
+/// 0 ms: tat 3,000. At 0: ahead 3,000, room 2,000 → (2, ⌈1,000/10⌉ = 100, 300). At 25 ms:
+/// ahead 2,750, room 2,250 → (2, ⌈750/10⌉ = 75, 275); a cost of 2 would be allowed, 3 not. The
+/// check of cost 2 is then allowed (cand 5,000 ≤ ceiling 5,250 → 0 left, ⌈4,750/10⌉ = 475 ms),
+/// and a peek reads (0, ⌈(1,000 − 250)/10⌉ = 75, 475). At 500 ms it is rested: (5, none, 0).
+pub async fn peek_reports_the_exact_state_without_consuming_anything<B: QuotaBackend<Policy = GcraPolicy>>(
+    backend: &mut B,
+) {
+    let policy = gcra("gcra.peek", 10, 1_000, 5);
+    let key = subject(1);
+    let subject = key.bind(&policy);
+    assert_eq!(snapshot(&peek(backend, subject).await), (5, None, 0));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, key, 3)).await), (2, 300));
+    assert_eq!(snapshot(&peek(backend, subject).await), (2, Some(100), 300));
+    backend.advance(25).await;
+    for _ in 0..3 {
+        let read = peek(backend, subject).await;
+        assert_eq!(snapshot(&read), (2, Some(75), 275));
+        assert_eq!((read.would_allow(2), read.would_allow(3)), (true, false));
+    }
+    assert_eq!(allowed(&decide(backend, &costly(&policy, key, 2)).await), (0, 475));
+    assert_eq!(snapshot(&peek(backend, subject).await), (0, Some(75), 475));
+    assert_eq!(quota_denied(&decide(backend, &check(&policy, key)).await), (5, 75));
+    backend.advance(475).await; // 500 ms
+    assert_eq!(snapshot(&peek(backend, subject).await), (5, None, 0));
+}
+
+/// A peek of a subject without state creates none and takes no slot: on a shard of one key,
+/// peeking `a` leaves room for `b`; `a` then still reads as rested and its check is a storage
+/// denial.
+///
+/// Shard of 1 key; Q = 1 per 1,000 ms, B = 2: `b`'s first check leaves 1, rested after 1,000.
+pub async fn peek_never_creates_state_or_takes_a_slot<B: QuotaBackend<Policy = GcraPolicy>>(backend: &mut B) {
+    backend.bounded(1).await;
+    let policy = gcra("gcra.peek.slot", 1, 1_000, 2);
+    let keys = backend.subjects_in_one_shard(2);
+    let (a, b) = (keys[0].bind(&policy), keys[1].bind(&policy));
+    assert_eq!(snapshot(&peek(backend, a).await), (2, None, 0));
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (1, 1_000));
+    assert_eq!(snapshot(&peek(backend, a).await), (2, None, 0));
+    assert_eq!(snapshot(&peek(backend, b).await), (1, Some(1_000), 1_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[0])).await), storage_retry::<B>(1_000));
+}
+
+/// A reset removes the subject's arrival time and says whether it was live: the next check
+/// sees a rested subject, and the freed slot admits a new key on a full shard.
+///
+/// Shard of 1 key; Q = 1 per 1,000 ms, B = 2. `a` spends 2 at 0 ms (rested at 2,000); `b` is
+/// refused. At 500 ms `a` is reset (true, then false); `b` is admitted (1 left, 1,000 ms) and
+/// `a` refused; `b` reset; `a` is rested again: 1 left, 1,000 ms. At 2,000 ms `a`'s state has
+/// expired: its reset finds no live state.
+pub async fn reset_clears_the_state_and_frees_the_slot<B: QuotaBackend<Policy = GcraPolicy>>(
+    backend: &mut B,
+) {
+    backend.bounded(1).await;
+    let policy = gcra("gcra.reset", 1, 1_000, 2);
+    let keys = backend.subjects_in_one_shard(2);
+    let (a, b) = (keys[0].bind(&policy), keys[1].bind(&policy));
+    assert_eq!(allowed(&decide(backend, &costly(&policy, keys[0], 2)).await), (0, 2_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[1])).await), storage_retry::<B>(2_000));
+    backend.advance(500).await;
+    assert!(reset(backend, a).await, "a held live state");
+    assert!(!reset(backend, a).await, "nothing left to reset");
+    assert_eq!(snapshot(&peek(backend, a).await), (2, None, 0));
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (1, 1_000));
+    assert_eq!(storage_denied(&decide(backend, &check(&policy, keys[0])).await), storage_retry::<B>(1_000));
+    assert!(reset(backend, b).await);
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[0])).await), (1, 1_000));
+    backend.advance(1_500).await; // 2,000 ms: a (rested at 1,500) has expired
+    assert!(!reset(backend, a).await, "an expired state is no live state");
+    assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (1, 1_000), "the slot is free");
 }

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use runlimit_core::{
-    AttemptSubject, KeyHasher, Limiter, RateLimitPolicy, SubjectKey,
+    AttemptSubject, KeyHasher, QuotaControl, RateLimitPolicy, SubjectKey,
     attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
 };
 
@@ -16,8 +16,8 @@ use runlimit_core::{
 pub trait QuotaBackend: Sized {
     /// The policy type the backend evaluates.
     type Policy: RateLimitPolicy;
-    /// The limiter under test.
-    type Limiter: Limiter<Policy = Self::Policy>;
+    /// The limiter under test, with its peeks and resets.
+    type Limiter: QuotaControl<Policy = Self::Policy>;
 
     /// The largest batch the limiter accepts.
     const MAX_BATCH_SIZE: usize;

@@ -163,7 +163,7 @@ mod tests {
             ("harness.rs", include_str!("harness.rs")),
         ] {
             // Only helpers here: a `pub async fn` would be a scenario no macro runs.
-            let helpers = ["decide", "decide_all", "rejected_batch", "admit", "deny"];
+            let helpers = ["decide", "decide_all", "rejected_batch", "admit", "deny", "peek", "reset"];
             let stray: Vec<_> =
                 scenario_fns(source).into_iter().filter(|name| !helpers.contains(name)).collect();
             assert!(

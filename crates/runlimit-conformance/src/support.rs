@@ -9,8 +9,8 @@ use std::{error::Error, time::Duration};
 
 use runlimit_core::{
     AttemptSubject, BatchDecision, BatchDecisionView, BatchError, Check, Decision, DecisionView, Delay,
-    Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Limiter, PolicyId, QuotaDenial, RateLimitPolicy,
-    ScopeId, SubjectKey,
+    Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Limiter, PolicyId, PolicySubject, QuotaControl,
+    QuotaDenial, QuotaSnapshot, RateLimitPolicy, ScopeId, SubjectKey,
     attempts::{AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptPolicy},
 };
 
@@ -133,6 +133,28 @@ pub async fn decide<B: QuotaBackend>(backend: &B, check: &Check<'_, B::Policy>) 
         .check(check)
         .await
         .unwrap_or_else(|error| panic!("the check failed instead of deciding: {error:?}"))
+}
+
+/// Peeks at `subject` on the backend's limiter; panics if the backend fails to read.
+pub async fn peek<B: QuotaBackend>(backend: &B, subject: PolicySubject<'_, B::Policy>) -> QuotaSnapshot {
+    backend
+        .limiter()
+        .peek(subject)
+        .await
+        .unwrap_or_else(|error| panic!("the peek failed instead of reading: {error:?}"))
+}
+
+/// `(available, next_unit_after ms, replenishes_after ms)` of a snapshot, `None` for the next
+/// unit of a full quota.
+#[track_caller]
+#[must_use]
+pub fn snapshot(snapshot: &QuotaSnapshot) -> (u64, Option<u64>, u64) {
+    (snapshot.available(), snapshot.next_unit_after().map(millis), millis(snapshot.replenishes_after()))
+}
+
+/// Resets `subject` on the backend's limiter; panics if the backend fails to reset.
+pub async fn reset<B: QuotaBackend>(backend: &B, subject: PolicySubject<'_, B::Policy>) -> bool {
+    backend.limiter().reset(subject).await.unwrap_or_else(|error| panic!("the reset failed: {error:?}"))
 }
 
 /// Evaluates an atomic batch on the backend's limiter; panics if the backend fails to decide.

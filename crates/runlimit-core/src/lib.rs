@@ -77,6 +77,7 @@ mod key;
 mod limiter;
 mod observe;
 mod policy;
+mod snapshot;
 
 pub use crate::batch::BatchError;
 pub use crate::check::{Check, CostError};
@@ -89,12 +90,13 @@ pub use crate::id::{IdentifierError, MAX_IDENTIFIER_LEN, PolicyId, ScopeId};
 pub use crate::key::{
     AttemptSubject, CounterKey, KeyHasher, KeyHasherError, MIN_SECRET_LEN, PolicySubject, SubjectKey,
 };
-pub use crate::limiter::Limiter;
+pub use crate::limiter::{Limiter, QuotaControl};
 pub use crate::observe::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, CleanupObservation,
-    CleanupOutcome, ConsumptionStatus, Observation, Observer,
+    CleanupOutcome, ConsumptionStatus, Observation, Observer, ResetObservation, ResetOutcome,
 };
 pub use crate::policy::{
     Capacity, FixedWindowPolicy, GcraPolicy, MAX_LIMIT, MAX_WINDOW, MAX_WINDOW_MILLIS, PolicyError,
     PolicyFingerprint, QuotaMode, QuotaPeriod, RateLimitPolicy,
 };
+pub use crate::snapshot::{QuotaSnapshot, SnapshotError};

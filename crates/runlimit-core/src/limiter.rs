@@ -2,7 +2,10 @@
 
 use std::{future::Future, sync::Arc};
 
-use crate::{check::Check, decision::BatchDecision, decision::Decision, policy::RateLimitPolicy};
+use crate::{
+    check::Check, decision::BatchDecision, decision::Decision, key::PolicySubject, policy::RateLimitPolicy,
+    snapshot::QuotaSnapshot,
+};
 
 /// An async admission backend, generic over its storage.
 ///
@@ -110,5 +113,97 @@ impl<L: Limiter + ?Sized> Limiter for Arc<L> {
         checks: &[Check<'_, Self::Policy>],
     ) -> impl Future<Output = Result<BatchDecision, Self::CheckAllError>> + Send {
         (**self).check_all(checks)
+    }
+}
+
+/// Non-consuming reads and operator resets of one subject's quota state, reachable
+/// generically like [`Limiter`], so an application generic over backends gets them too.
+///
+/// Both take a [`PolicySubject`], a subject key bound to the policy whose state is read or
+/// cleared.
+///
+/// # Peek
+///
+/// [`peek`](Self::peek) reads the subject's state without consuming anything: it never
+/// creates state, never takes a storage slot and never writes. Its [`QuotaSnapshot`] cannot be
+/// passed where an admission is expected, and it is a snapshot that a concurrent check may
+/// change at once: never admit a request on it.
+///
+/// # Reset
+///
+/// [`reset`](Self::reset) removes the subject's state for the policy and returns whether it
+/// held live state (an expired leftover is removed too, and reported as `false`): the next
+/// check behaves as for a fresh subject, and the storage slot is free again. Quota mode is not
+/// part of the storage key, so resetting through a shadow policy clears the enforced
+/// counter too. Backends report each reset to their observer as
+/// [`Observation::Reset`](crate::Observation::Reset).
+///
+/// A reset is an operator's action (a support desk unlocking a user): it is not rate limited
+/// itself, so do not expose it to the subjects it resets.
+///
+/// ```
+/// # #![allow(dead_code)]
+/// use runlimit_core::{PolicySubject, QuotaControl};
+///
+/// /// Unlocks a subject, reporting whether it was limited.
+/// async fn unlock<L: QuotaControl>(limiter: &L, subject: PolicySubject<'_, L::Policy>) -> Result<bool, L::ResetError> {
+///     limiter.reset(subject).await
+/// }
+/// ```
+pub trait QuotaControl: Limiter {
+    /// Every way a peek can fail to read the state.
+    type PeekError: std::error::Error + Send + Sync + 'static;
+    /// Every way a reset can fail; whether the state was removed is backend-specific (see
+    /// the backend's error).
+    type ResetError: std::error::Error + Send + Sync + 'static;
+
+    /// The subject's quota now, without consuming, creating or changing anything.
+    fn peek(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<QuotaSnapshot, Self::PeekError>> + Send;
+
+    /// Removes the subject's state; `true` when it held live state.
+    fn reset(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<bool, Self::ResetError>> + Send;
+}
+
+impl<L: QuotaControl + ?Sized> QuotaControl for &L {
+    type PeekError = L::PeekError;
+    type ResetError = L::ResetError;
+
+    fn peek(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<QuotaSnapshot, Self::PeekError>> + Send {
+        (**self).peek(subject)
+    }
+
+    fn reset(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<bool, Self::ResetError>> + Send {
+        (**self).reset(subject)
+    }
+}
+
+impl<L: QuotaControl + ?Sized> QuotaControl for Arc<L> {
+    type PeekError = L::PeekError;
+    type ResetError = L::ResetError;
+
+    fn peek(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<QuotaSnapshot, Self::PeekError>> + Send {
+        (**self).peek(subject)
+    }
+
+    fn reset(
+        &self,
+        subject: PolicySubject<'_, Self::Policy>,
+    ) -> impl Future<Output = Result<bool, Self::ResetError>> + Send {
+        (**self).reset(subject)
     }
 }

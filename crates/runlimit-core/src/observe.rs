@@ -21,7 +21,7 @@ use crate::{
 /// catches panics.
 /// The default method ignores every observation; `()` is the no-op observer.
 pub trait Observer: Send + Sync {
-    /// Called once per admission or cleanup operation.
+    /// Called once per admission, cleanup or reset operation.
     fn observe(&self, observation: &Observation<'_>) {
         let _ = observation;
     }
@@ -90,6 +90,9 @@ pub enum Observation<'a> {
     Admission(AdmissionObservation<'a>),
     /// A bounded cleanup pass ran.
     Cleanup(CleanupObservation),
+    /// An operator reset one subject's state (see
+    /// [`QuotaControl::reset`](crate::QuotaControl::reset)). Never part of an admission.
+    Reset(ResetObservation<'a>),
 }
 
 /// The policy of an admission: identifier, scope and fingerprint together.
@@ -268,6 +271,54 @@ impl CleanupObservation {
         self.maximum
     }
     /// Wall time spent.
+    #[must_use]
+    pub const fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+}
+
+/// How a reset ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResetOutcome {
+    /// The subject held live state, which was removed.
+    Removed,
+    /// The subject held no live state (any expired leftover was removed).
+    NothingStored,
+    /// The reset failed before it could remove anything.
+    NoEffect,
+    /// The reset failed at a point where the state may have been removed (a database commit
+    /// whose outcome is unknown).
+    Unknown,
+}
+
+/// One reset's telemetry: the policy, how it ended and the elapsed time. Never the subject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResetObservation<'a> {
+    policy: AdmissionPolicy<'a>,
+    outcome: ResetOutcome,
+    elapsed: Duration,
+}
+
+impl<'a> ResetObservation<'a> {
+    /// A reset observation.
+    #[must_use]
+    pub const fn new(policy: AdmissionPolicy<'a>, outcome: ResetOutcome, elapsed: Duration) -> Self {
+        Self { policy, outcome, elapsed }
+    }
+
+    /// The policy whose state was reset.
+    #[must_use]
+    pub const fn policy(&self) -> AdmissionPolicy<'a> {
+        self.policy
+    }
+
+    /// How it ended.
+    #[must_use]
+    pub const fn outcome(&self) -> ResetOutcome {
+        self.outcome
+    }
+
+    /// Wall time the backend spent.
     #[must_use]
     pub const fn elapsed(&self) -> Duration {
         self.elapsed

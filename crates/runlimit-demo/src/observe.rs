@@ -2,6 +2,7 @@
 
 use runlimit_core::{
     AdmissionOperation, AdmissionOutcome, CleanupOutcome, ConsumptionStatus, Observation, Observer,
+    ResetOutcome,
     attempts::{
         AttemptDenialReason, AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation,
         AttemptOutcome,
@@ -94,6 +95,20 @@ impl Observer for TracingObserver {
                     target: "runlimit_demo::cleanup",
                     backend = self.backend, outcome, removed, maximum = cleanup.maximum(),
                     "cleanup"
+                );
+            }
+            Observation::Reset(reset) => {
+                let outcome = match reset.outcome() {
+                    ResetOutcome::Removed => "removed",
+                    ResetOutcome::NothingStored => "nothing_stored",
+                    ResetOutcome::NoEffect => "no_effect",
+                    ResetOutcome::Unknown => "unknown",
+                };
+                let policy = reset.policy();
+                tracing::info!(
+                    target: "runlimit_demo::reset",
+                    backend = self.backend, policy = policy.id().as_str(), scope = policy.scope().as_str(), outcome,
+                    "reset"
                 );
             }
         }

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use runlimit_core::{
-    FixedWindowPolicy, GcraPolicy, RateLimitPolicy,
+    FixedWindowPolicy, GcraPolicy, QuotaSnapshot, RateLimitPolicy,
     backend::{
         fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
         gcra::{self, GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
@@ -64,6 +64,9 @@ pub(crate) mod sealed {
         /// (`None`: no entry, or an expired one).
         fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, Self::Error>;
 
+        /// The key's quota at `now` from its live entry, changing nothing.
+        fn peek(&self, live: Option<Entry>, now: u64) -> Result<QuotaSnapshot, Self::Error>;
+
         /// The public error of a failed single check.
         fn check_error(failure: CheckFailure<Self::Error>) -> <Self as MemoryAlgorithm>::CheckError
         where
@@ -93,6 +96,11 @@ pub(crate) mod sealed {
                 },
                 FixedWindowOutcome::Exhausted(denial) => Verdict::Exhausted(denial),
             })
+        }
+
+        fn peek(&self, live: Option<Entry>, now: u64) -> Result<QuotaSnapshot, Infallible> {
+            let stored = live.and_then(|entry| Window::new(entry.expires_at, entry.value).ok());
+            Ok(fixed_window::peek(&FixedWindowParameters::of(self), stored, now))
         }
 
         fn check_error(failure: CheckFailure<Infallible>) -> PoisonedShardError {
@@ -126,16 +134,7 @@ pub(crate) mod sealed {
         fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, GcraError> {
             let parameters = GcraParameters::of(self);
             let quota = u128::from(parameters.quota().get());
-            let tat = match live {
-                // expires_at < 2⁶⁴ and Q ≤ MAX_LIMIT < 2⁶³: the product is below 2¹²⁷.
-                Some(entry) => Some(
-                    (u128::from(entry.expires_at) * quota)
-                        .checked_sub(u128::from(entry.value))
-                        .map(TheoreticalArrivalTime::from_scaled)
-                        .ok_or(GcraError::StateOutOfRange)?,
-                ),
-                None => None,
-            };
+            let tat = stored_tat(live, quota)?;
             let outcome = gcra::evaluate(parameters, tat, now, cost)?;
             match outcome {
                 GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
@@ -154,6 +153,11 @@ pub(crate) mod sealed {
             }
         }
 
+        fn peek(&self, live: Option<Entry>, now: u64) -> Result<QuotaSnapshot, GcraError> {
+            let parameters = GcraParameters::of(self);
+            gcra::peek(parameters, stored_tat(live, u128::from(parameters.quota().get()))?, now)
+        }
+
         fn check_error(failure: CheckFailure<GcraError>) -> GcraCheckError {
             match failure {
                 CheckFailure::Poisoned(source) => source.into(),
@@ -167,5 +171,19 @@ pub(crate) mod sealed {
                 Err((index, source)) => GcraBatchError::Evaluation { index, source },
             }
         }
+    }
+}
+
+/// The exact arrival time a live GCRA entry stores (see the `Algorithm` impl for
+/// [`GcraPolicy`]): `tat = expires_at × Q − deficit`.
+#[inline]
+fn stored_tat(live: Option<Entry>, quota: u128) -> Result<Option<TheoreticalArrivalTime>, GcraError> {
+    match live {
+        // expires_at < 2⁶⁴ and Q ≤ MAX_LIMIT < 2⁶³: the product is below 2¹²⁷.
+        Some(entry) => (u128::from(entry.expires_at) * quota)
+            .checked_sub(u128::from(entry.value))
+            .map(|scaled| Some(TheoreticalArrivalTime::from_scaled(scaled)))
+            .ok_or(GcraError::StateOutOfRange),
+        None => Ok(None),
     }
 }

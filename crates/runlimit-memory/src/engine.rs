@@ -21,6 +21,7 @@ use smallvec::SmallVec;
 
 use runlimit_core::{
     Allowance, BatchDecision, BatchDecisionError, Check, Decision, Delay, Denial, QuotaDenial, QuotaMode,
+    QuotaSnapshot,
     backend::{
         ShardHeadroom,
         batch::{self, Precedence},
@@ -293,6 +294,41 @@ impl Engine {
             },
         };
         Ok(Report { decision, headroom: shard.headroom(shard_index), singled_out: None, consumed, cleanup })
+    }
+
+    /// The quota of `check`'s key at clock reading `clock_now` (clamped to the shard's
+    /// watermark, which it does not move), without cleanup or any other write.
+    pub(crate) fn peek<A: Algorithm>(
+        &self,
+        check: &Check<'_, A>,
+        clock_now: u64,
+    ) -> Result<QuotaSnapshot, CheckFailure<A::Error>> {
+        let key = StoredKey::of(check);
+        let shard = lock(&self.shards, key.shard(self.shards.len())).map_err(CheckFailure::Poisoned)?;
+        let now = clock_now.max(shard.watermark());
+        let live = shard
+            .find(&key, key.hash())
+            .and_then(|slot| shard.entry(slot))
+            .and_then(|entry| entry.live_at(now));
+        check.policy().peek(live, now).map_err(CheckFailure::Evaluation)
+    }
+
+    /// Removes the entry of `check`'s key, live or expired, at clock reading `clock_now`;
+    /// `true` when it was live. See [`Shard::remove`] for the cost.
+    pub(crate) fn reset<A: Algorithm>(
+        &self,
+        check: &Check<'_, A>,
+        clock_now: u64,
+    ) -> Result<bool, PoisonedShardError> {
+        let key = StoredKey::of(check);
+        let hash = key.hash();
+        let mut shard = lock(&self.shards, key.shard(self.shards.len()))?;
+        let now = clock_now.max(shard.watermark());
+        shard.advance_watermark(now);
+        let Some(slot) = shard.find(&key, hash) else { return Ok(false) };
+        let live = shard.entry(slot).and_then(|entry| entry.live_at(now)).is_some();
+        shard.remove(slot, hash);
+        Ok(live)
     }
 
     /// Evaluates an atomic batch at clock reading `clock_now`.

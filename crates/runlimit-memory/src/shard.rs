@@ -20,8 +20,10 @@
 //! "refresh"). A check may do at most `budget` removals and `budget` refreshes, each
 //! `O(log n)`, so cleanup work per check is bounded no matter how many entries are stale.
 //!
-//! Every element belongs to a live slot: an entry is removed only by popping its own element
-//! (or by emptying the whole shard), so the heap never holds a dangling slot number.
+//! Every element belongs to a live slot: an entry is removed only by popping its own element,
+//! by an operator's reset (which removes its element from the heap in `O(n)`, see
+//! [`Shard::remove`]) or by emptying the whole shard, so the heap never holds a dangling slot
+//! number.
 //!
 //! The same lower bounds answer "when is the earliest expiry?" for a storage-capacity denial:
 //! once the heap top is fresh (its bound equals its entry's real expiry) it is the exact
@@ -286,6 +288,20 @@ impl Shard {
             budget.refreshes -= 1;
             *top = Reverse(Expiry { at: actual, slot });
         }
+    }
+
+    /// Removes the entry in `slot` (found by [`find`](Self::find) under `hash`) and its index
+    /// element, freeing the slot at once.
+    ///
+    /// `O(n)` in the shard's entries: the heap has no handle to one element, so it is rebuilt
+    /// without it. Only an operator's reset removes an entry this way; admissions and cleanup
+    /// never do, so the hot path keeps its `O(log n)` bounds.
+    pub(crate) fn remove(&mut self, slot: u32, hash: u64) {
+        let Ok(found) = self.table.find_entry(hash, |&candidate| candidate == slot) else { return };
+        found.remove();
+        self.index.retain(|Reverse(expiry)| expiry.slot != slot);
+        self.earliest_bound = self.top_bound();
+        self.free.push(slot);
     }
 
     /// Empties the shard, releasing its memory; keeps capacity and watermark.

@@ -9,6 +9,7 @@ use quanta::Instant;
 use runlimit_core::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check,
     CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Limiter, Observation, Observer,
+    PolicySubject, QuotaControl, QuotaSnapshot, ResetObservation, ResetOutcome,
     backend::{admission_outcome, batch_admission_outcome, notify},
 };
 
@@ -17,7 +18,7 @@ use crate::{
     clock::{self, Clock, SystemClock},
     config::MemoryStoreConfig,
     engine::{Engine, Report},
-    error::ObservedFailure,
+    error::{ObservedFailure, PoisonedShardError},
     stats::MemoryStoreStats,
 };
 
@@ -225,6 +226,53 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
         result.map(|report| report.decision).map_err(P::batch_error)
     }
 
+    /// The subject's quota now, without consuming, creating or changing anything: no entry is
+    /// created, no slot taken, no expired entry removed and the shard's clock watermark is not
+    /// moved. A snapshot that a concurrent check may change at once (see
+    /// [`QuotaSnapshot`]); never admit on it.
+    ///
+    /// Reads the subject's entry under its shard lock, at the store clock clamped to the
+    /// latest reading the shard has used (as a check is), with the rule of the store's
+    /// algorithm (`runlimit_core::backend::fixed_window::peek` or `gcra::peek`). Not reported
+    /// to the observer.
+    ///
+    /// # Errors
+    ///
+    /// The same as [`check`](Self::check), with nothing changed in any case.
+    pub fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, P::CheckError> {
+        let check = Check::new(subject);
+        self.engine.peek::<P>(&check, clock::millis(&self.clock)).map_err(P::check_error)
+    }
+
+    /// Removes the subject's entry for its policy and returns whether it was live (an expired
+    /// entry not yet reclaimed is removed too, and reported as `false`). Its slot is free at
+    /// once, so a full shard admits a new key afterwards, and the next check of the subject
+    /// behaves as for a fresh key. Quota mode is not part of the key: a reset through a shadow
+    /// policy clears the enforced counter too.
+    ///
+    /// Reported to the observer as [`Observation::Reset`]. Costs `O(n)` in the shard's
+    /// entries (the expiry index is rebuilt without the entry), so it is meant for operators,
+    /// not for every request.
+    ///
+    /// # Errors
+    ///
+    /// [`PoisonedShardError`] when the subject's shard is poisoned; nothing was removed.
+    pub fn reset(&self, subject: PolicySubject<'_, P>) -> Result<bool, PoisonedShardError> {
+        let started = self.observer.as_ref().map(|_| Instant::now());
+        let check = Check::new(subject);
+        let result = self.engine.reset::<P>(&check, clock::millis(&self.clock));
+        if let (Some(observer), Some(started)) = (&self.observer, started) {
+            let outcome = match result {
+                Ok(true) => ResetOutcome::Removed,
+                Ok(false) => ResetOutcome::NothingStored,
+                Err(_) => ResetOutcome::NoEffect,
+            };
+            let policy = AdmissionPolicy::of(subject.policy());
+            notify(observer, &Observation::Reset(ResetObservation::new(policy, outcome, started.elapsed())));
+        }
+        result
+    }
+
     /// Empties every poisoned shard, clears its poison flag and returns how many shards were
     /// recovered. Healthy shards keep their counters.
     ///
@@ -285,5 +333,20 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> Limiter for ShardedStore<P, C, O
 
     async fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, P::BatchError> {
         Self::check_all(self, checks)
+    }
+}
+
+/// Peeks and resets of a [`ShardedStore`], synchronous like its checks and complete on the
+/// first poll.
+impl<P: MemoryAlgorithm, C: Clock, O: Observer> QuotaControl for ShardedStore<P, C, O> {
+    type PeekError = P::CheckError;
+    type ResetError = PoisonedShardError;
+
+    async fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, P::CheckError> {
+        Self::peek(self, subject)
+    }
+
+    async fn reset(&self, subject: PolicySubject<'_, P>) -> Result<bool, PoisonedShardError> {
+        Self::reset(self, subject)
     }
 }

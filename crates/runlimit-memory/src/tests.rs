@@ -170,6 +170,32 @@ fn cleanup_removes_at_most_the_budget_and_refreshes_stale_positions() {
 }
 
 #[test]
+fn remove_frees_the_slot_and_keeps_the_index_exact() {
+    let mut shard = Shard::new(3);
+    for (n, expires_at) in [(0, 300), (1, 100), (2, 200)] {
+        insert(&mut shard, n, expires_at);
+    }
+    assert_eq!(shard.free(), 0);
+    // Remove the entry at the top of the index: the next earliest is exact, and the slot is
+    // reused by a new key.
+    let removed = key(1);
+    shard.remove(shard.find(&removed, removed.hash()).unwrap(), removed.hash());
+    assert_eq!((shard.len(), shard.free()), (2, 1));
+    assert_eq!(shard.find(&removed, removed.hash()), None);
+    assert_eq!(shard.earliest_expiry(&mut Budget::new(1, 1)), Some(200));
+    insert(&mut shard, 7, 50);
+    assert_eq!(shard.earliest_expiry(&mut Budget::new(1, 1)), Some(50));
+    // Cleanup removes exactly the expired entries, never touching a freed slot twice.
+    assert_eq!(shard.remove_expired(250, &mut Budget::new(16, 1)), 2);
+    assert_eq!(shard.len(), 1);
+    let last = key(0);
+    assert_eq!(shard.entry(shard.find(&last, last.hash()).unwrap()).unwrap().value, 0);
+    shard.remove(shard.find(&last, last.hash()).unwrap(), last.hash());
+    assert_eq!((shard.len(), shard.earliest_expiry(&mut Budget::new(1, 1))), (0, None));
+    assert_eq!(shard.remove_expired(u64::MAX - 1, &mut Budget::new(16, 1)), 0);
+}
+
+#[test]
 fn earliest_expiry_is_unknown_when_the_refresh_budget_runs_out() {
     let mut shard = Shard::new(4);
     for n in 0..3 {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use runlimit_core::{
     AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
     BatchDecisionError, Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Observation,
-    Observer, QuotaMode, RateLimitPolicy,
+    Observer, QuotaMode, RateLimitPolicy, ResetObservation, ResetOutcome,
     backend::{admission_outcome, batch, batch_admission_outcome, notify},
 };
 
@@ -124,6 +124,23 @@ pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
         started,
     );
     result.map(|(decision, _)| decision)
+}
+
+/// Observes a reset's result (`true`: live state removed).
+pub(crate) fn finish_reset<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    policy: &P,
+    result: &Result<bool, MaintenanceError>,
+    started: Instant,
+) {
+    let outcome = match result {
+        Ok(true) => ResetOutcome::Removed,
+        Ok(false) => ResetOutcome::NothingStored,
+        Err(error) if error.may_have_removed_rows() => ResetOutcome::Unknown,
+        Err(_) => ResetOutcome::NoEffect,
+    };
+    let observation = ResetObservation::new(AdmissionPolicy::of(policy), outcome, started.elapsed());
+    notify(observer, &Observation::Reset(observation));
 }
 
 /// Observes a cleanup pass's result.

@@ -21,6 +21,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::error::{CheckError, CheckPhase};
 
 const BEGIN_SQL: &str = include_str!("sql/begin.sql");
+const BEGIN_READ_ONLY_SQL: &str = include_str!("sql/begin_read_only.sql");
 const SETTINGS_SQL: &str = include_str!("sql/settings.sql");
 
 /// Ends an allowed admission, a completion or a cleanup.
@@ -37,6 +38,12 @@ pub(crate) fn begin() -> &'static str {
     BEGIN_SQL
 }
 
+/// `BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY`: the server rejects any write in the
+/// transaction, so a peek cannot change state.
+pub(crate) fn begin_read_only() -> &'static str {
+    BEGIN_READ_ONLY_SQL
+}
+
 /// The transaction-local `statement_timeout` and `lock_timeout` (milliseconds) and
 /// `search_path = pg_catalog, pg_temp`, as one statement.
 pub(crate) fn settings(timeout_ms: u128) -> String {
@@ -51,6 +58,13 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
         out.push(char::from(DIGITS[usize::from(byte >> 4)]));
         out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
+}
+
+/// `pg_catalog.decode('<hex>', 'hex')`, a `bytea` literal of `bytes`.
+pub(crate) fn bytea(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2 + 32);
+    push_bytea(&mut out, bytes);
+    out
 }
 
 /// Appends `pg_catalog.decode('<hex>', 'hex')`, a `bytea` literal of `bytes`.

@@ -5,7 +5,8 @@
 use std::{fmt, future::Future, marker::PhantomData, time::Instant};
 
 use runlimit_core::{
-    BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter, Observer, RateLimitPolicy,
+    BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter, Observer, PolicySubject,
+    QuotaControl, QuotaSnapshot, RateLimitPolicy,
 };
 use sqlx::PgPool;
 
@@ -13,7 +14,7 @@ use crate::{
     config::PostgresConfig,
     error::{BatchCheckError, CheckError, MaintenanceError, MigrationError},
     migrations::run_migrator,
-    observe::{finish_batch, finish_check, finish_cleanup, validate},
+    observe::{finish_batch, finish_check, finish_cleanup, finish_reset, validate},
     transaction,
 };
 
@@ -44,7 +45,9 @@ pub(crate) mod sealed {
     use sqlx::{PgConnection, migrate::Migrator};
     use tokio::time::Instant as Deadline;
 
-    use runlimit_core::{Allowance, Check, QuotaMode, RateLimitPolicy, backend::batch::BatchDenial};
+    use runlimit_core::{
+        Allowance, Check, QuotaMode, QuotaSnapshot, RateLimitPolicy, backend::batch::BatchDenial,
+    };
 
     use crate::{
         config::PostgresConfig,
@@ -95,6 +98,31 @@ pub(crate) mod sealed {
             checks: &[Check<'_, Self>],
             mode: QuotaMode,
         ) -> impl Future<Output = (Result<Evaluated, CheckError>, bool)> + Send;
+
+        /// The state of `key` (a counter key of `policy`) in a read-only transaction that
+        /// takes no lock and ends with `ROLLBACK`, in one round trip: the snapshot, and
+        /// whether the transaction finished cleanly (the connection may be reused). Every
+        /// failure is a pre-commit [`CheckError`]: a peek never consumes.
+        fn peek(
+            internal: Internal,
+            connection: &mut PgConnection,
+            deadline: Deadline,
+            config: &PostgresConfig,
+            policy: &Self,
+            key: &[u8; 64],
+        ) -> impl Future<Output = (Result<QuotaSnapshot, CheckError>, bool)> + Send;
+
+        /// Deletes the state of `key` inside a maintenance transaction (see
+        /// `transaction::maintain`), serialized with admissions of the key by the locks they
+        /// take: `None` when nothing was stored (roll back), `Some(1)` when live state was
+        /// deleted, `Some(0)` when an expired row was (both commit).
+        fn reset(
+            internal: Internal,
+            connection: &mut PgConnection,
+            deadline: Deadline,
+            config: &PostgresConfig,
+            key: &[u8; 64],
+        ) -> impl Future<Output = Result<Option<u64>, MaintenanceError>> + Send;
 
         /// One bounded cleanup pass of at least one row.
         fn cleanup(
@@ -255,6 +283,58 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         finish_batch(&self.observer, checks, result, started)
     }
 
+    /// The subject's quota now, without consuming, creating or changing anything.
+    ///
+    /// One round trip on a pooled connection: a `READ ONLY` transaction (the server rejects
+    /// any write in it) that reads the subject's row without locking it, samples the database
+    /// clock, and rolls back. The snapshot is decided by the same rule as a check at that
+    /// instant (`runlimit_core::backend::fixed_window::peek` or `gcra::peek`), but it is only a
+    /// snapshot: a concurrent check, on this replica or another, may change the row at once,
+    /// so never admit on it. No capacity slot is taken and nothing is reported to the
+    /// observer.
+    ///
+    /// # Errors
+    ///
+    /// The pre-commit [`CheckError`] variants ([`PoolTimeout`](CheckError::PoolTimeout),
+    /// [`Acquire`](CheckError::Acquire), [`Timeout`](CheckError::Timeout),
+    /// [`Database`](CheckError::Database), [`MalformedResponse`](CheckError::MalformedResponse)
+    /// for a stored row no check could have written); a peek never consumes, so
+    /// [`CheckError::consumption`] is always `NotConsumed`.
+    pub async fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, CheckError> {
+        let key = Check::new(subject).counter_key().to_bytes();
+        transaction::run(&self.pool, &self.config, async |connection, deadline| {
+            P::peek(sealed::Internal::new(), connection, deadline, &self.config, subject.policy(), &key).await
+        })
+        .await
+    }
+
+    /// Removes the subject's row for its policy and returns whether it held live state (an
+    /// expired row not yet cleaned up is deleted too, and reported as `false`). The capacity
+    /// ledger's trigger frees the row's slot in the same transaction, and the next check of the
+    /// subject behaves as for a fresh key. Quota mode is not part of the key: a reset through a
+    /// shadow policy clears the enforced counter too.
+    ///
+    /// One transaction of two round trips that takes the lock an admission of the key takes
+    /// first (the key's advisory lock for fixed windows, its shard's ledger row for GCRA), so
+    /// it waits for an admission in flight and the next one sees the row gone. Reported to the
+    /// observer as [`Observation::Reset`](runlimit_core::Observation::Reset).
+    ///
+    /// # Errors
+    ///
+    /// Every [`MaintenanceError`] variant; only the commit-outcome-unknown ones
+    /// ([`MaintenanceError::may_have_removed_rows`]) may have deleted the row.
+    pub async fn reset(&self, subject: PolicySubject<'_, P>) -> Result<bool, MaintenanceError> {
+        let started = Instant::now();
+        let key = Check::new(subject).counter_key().to_bytes();
+        let result = transaction::maintain(&self.pool, &self.config, async |connection, deadline| {
+            P::reset(sealed::Internal::new(), connection, deadline, &self.config, &key).await
+        })
+        .await
+        .map(|live| live == 1);
+        finish_reset(&self.observer, subject.policy(), &result, started);
+        result
+    }
+
     /// Deletes at most `maximum_rows` expired rows, oldest expiry first, freeing their
     /// capacity-ledger slots, and returns how many were deleted. Expired rows never affect
     /// decisions; cleanup only reclaims storage and capacity, so schedule it periodically (see
@@ -308,6 +388,27 @@ impl<P: PostgresAlgorithm, O: Observer> Limiter for PostgresStore<P, O> {
         checks: &[Check<'_, P>],
     ) -> impl Future<Output = Result<BatchDecision, BatchCheckError>> + Send {
         Self::check_all(self, checks)
+    }
+}
+
+/// Peeks and resets of a [`PostgresStore`]; see [`PostgresStore::peek`] and
+/// [`PostgresStore::reset`].
+impl<P: PostgresAlgorithm, O: Observer> QuotaControl for PostgresStore<P, O> {
+    type PeekError = CheckError;
+    type ResetError = MaintenanceError;
+
+    fn peek(
+        &self,
+        subject: PolicySubject<'_, P>,
+    ) -> impl Future<Output = Result<QuotaSnapshot, CheckError>> + Send {
+        Self::peek(self, subject)
+    }
+
+    fn reset(
+        &self,
+        subject: PolicySubject<'_, P>,
+    ) -> impl Future<Output = Result<bool, MaintenanceError>> + Send {
+        Self::reset(self, subject)
     }
 }
 

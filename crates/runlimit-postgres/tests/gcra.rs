@@ -615,6 +615,7 @@ impl Observer for Recorder {
             Observation::Cleanup(cleanup) => {
                 format!("cleanup {:?} of {}", cleanup.outcome(), cleanup.maximum())
             }
+            Observation::Reset(reset) => format!("reset {:?}", reset.outcome()),
         };
         self.0.lock().unwrap().push(entry);
     }

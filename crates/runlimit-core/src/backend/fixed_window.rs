@@ -55,6 +55,7 @@ use crate::{
     decision::{Allowance, QuotaDenial},
     delay::Delay,
     policy::{Capacity, FixedWindowPolicy, QuotaPeriod},
+    snapshot::QuotaSnapshot,
 };
 
 /// The numbers the rule needs from a [`FixedWindowPolicy`]: its limit `L` and window `W`.
@@ -184,6 +185,26 @@ pub fn evaluate(
                 None => FixedWindowOutcome::Exhausted(QuotaDenial::new(limit, window)),
             }
         }
+    }
+}
+
+/// The subject's quota at `now_ms` without consuming anything: what a peek reports.
+///
+/// A live stored window of `u` units used ending at `d`: `L − u` available (0 when `u ≥ L`),
+/// the next unit and full replenishment both `d − now` away (the window returns every unit
+/// at once). No live window: the quota is [full](QuotaSnapshot::full). So
+/// [`would_allow(c)`](QuotaSnapshot::would_allow) is exactly whether [`evaluate`] at the
+/// same instant would allow a cost of `c`.
+pub fn peek(parameters: &FixedWindowParameters, stored: Option<Window>, now_ms: u64) -> QuotaSnapshot {
+    let limit = parameters.limit;
+    match stored.filter(|window| !is_expired(window.deadline_ms, now_ms)) {
+        Some(Window { deadline_ms, used }) => {
+            let rest_of_window = Delay::from_millis(deadline_ms.saturating_sub(now_ms));
+            QuotaSnapshot::new(limit, limit.get().saturating_sub(used), Some(rest_of_window), rest_of_window)
+                // `used ≥ 1`, so the window is never full: the snapshot is always valid.
+                .unwrap_or(QuotaSnapshot::full(limit))
+        }
+        None => QuotaSnapshot::full(limit),
     }
 }
 
@@ -356,5 +377,31 @@ mod tests {
         let one_used = Window::new(MAX_WINDOW_MILLIS, 1).unwrap();
         assert_eq!(costed(&p, Some(one_used), 0, MAX_LIMIT), (Err(window), Some(1)));
         assert_eq!(costed(&p, Some(one_used), 0, MAX_LIMIT - 1), (Ok((0, window, false)), Some(MAX_LIMIT)));
+    }
+
+    #[test]
+    fn peek_reports_what_a_check_would_find() {
+        let p = parameters(10, 1_000);
+        assert_eq!(peek(&p, None, 5), QuotaSnapshot::full(p.limit()));
+        let seven = Window::new(1_500, 7).unwrap();
+        let snapshot = peek(&p, Some(seven), 1_100);
+        let ms = Delay::from_millis(400);
+        assert_eq!(snapshot, QuotaSnapshot::new(p.limit(), 3, Some(ms), ms).unwrap());
+        // Over-full (another writer stored more): nothing available, never an underflow.
+        let over = Window::new(1_500, 12).unwrap();
+        assert_eq!(peek(&p, Some(over), 1_100).available(), 0);
+        // At the deadline the window is over.
+        assert_eq!(peek(&p, Some(seven), 1_500), QuotaSnapshot::full(p.limit()));
+        for cost in 0..=11 {
+            for (stored, now) in [(None, 0), (Some(seven), 1_100), (Some(over), 1_100), (Some(seven), 1_500)]
+            {
+                let allowed = matches!(evaluate(&p, stored, now, cost), FixedWindowOutcome::Allowed { .. });
+                assert_eq!(
+                    peek(&p, stored, now).would_allow(cost),
+                    allowed,
+                    "cost {cost} on {stored:?} at {now}"
+                );
+            }
+        }
     }
 }

@@ -62,6 +62,7 @@ use crate::{
     decision::{Allowance, QuotaDenial},
     delay::Delay,
     policy::{Capacity, GcraPolicy, MAX_WINDOW_MILLIS, PolicyError, QuotaPeriod},
+    snapshot::QuotaSnapshot,
 };
 
 /// The validated numbers the evaluator needs: quota Q, period P (ms) and burst capacity B.
@@ -446,6 +447,55 @@ pub fn evaluate(
     }
 }
 
+/// The subject's quota at `now_millis` without consuming anything: what a peek reports.
+///
+/// With every instant scaled by Q (`now_s = now × Q`), `base = max(tat, now_s)` and `ahead =
+/// base − now_s` (how far the subject is from fully rested):
+///
+/// ```text
+/// ahead = 0:  full: B available, nothing to replenish
+/// otherwise:  room = max(B·P − ahead, 0)
+///             available         = ⌊room / P⌋                           units spendable now
+///             next_unit_after   = ⌈((available + 1)·P − room) / Q⌉ ms   one more is spendable
+///             replenishes_after = ⌈ahead / Q⌉ ms                       fully rested
+/// ```
+///
+/// A check of cost `c` fits exactly when `c·P ≤ room`, that is `c ≤ available`, so
+/// [`would_allow(c)`](QuotaSnapshot::would_allow) is [`evaluate`]'s answer at the same instant;
+/// for an empty quota, `next_unit_after` is the `retry_after` of a cost-1 check. Computed in
+/// 128-bit integers (a peek is not on the admission path).
+///
+/// # Errors
+///
+/// [`GcraError::StateOutOfRange`] when `tat` is so far in the future that a duration does not
+/// fit `u64` milliseconds.
+pub fn peek(
+    parameters: &GcraParameters,
+    tat: Option<TheoreticalArrivalTime>,
+    now_millis: u64,
+) -> Result<QuotaSnapshot, GcraError> {
+    let quota = u128::from(parameters.quota.get());
+    let period = u128::from(parameters.period.as_millis());
+    let burst = parameters.burst;
+    // Q < 2⁶³ and now < 2⁶⁴; B < 2⁶³ and P < 2⁵⁴: both products fit u128.
+    let now_s = u128::from(now_millis) * quota;
+    let ahead = tat.map_or(0, |tat| tat.0.saturating_sub(now_s));
+    if ahead == 0 {
+        return Ok(QuotaSnapshot::full(burst));
+    }
+    let room = (u128::from(burst.get()) * period).saturating_sub(ahead);
+    let available = room / period;
+    let millis = |scaled: u128| u64::try_from(scaled.div_ceil(quota)).ok().map(Delay::from_millis);
+    let next_unit = (available + 1)
+        .checked_mul(period)
+        .map(|unit| unit - room)
+        .and_then(millis)
+        .ok_or(GcraError::StateOutOfRange)?;
+    let replenishes = millis(ahead).ok_or(GcraError::StateOutOfRange)?;
+    let available = u64::try_from(available).map_err(|_| GcraError::StateOutOfRange)?;
+    QuotaSnapshot::new(burst, available, Some(next_unit), replenishes).map_err(|_| GcraError::StateOutOfRange)
+}
+
 /// [`compute`] in `u128`, out of line: only policies or states beyond 64 bits get here.
 #[cold]
 #[inline(never)]
@@ -655,5 +705,57 @@ mod tests {
             evaluate(&p, Some(TheoreticalArrivalTime(u128::MAX)), 0, 1),
             Err(GcraError::StateOutOfRange)
         );
+    }
+
+    #[test]
+    fn peek_reports_the_exact_state_and_agrees_with_evaluate() {
+        // Q = 10 per 1,000 ms, B = 5: scaled P = 1,000, B·P = 5,000.
+        let p = params(10, 1_000, 5);
+        let burst = Capacity::new(5).unwrap();
+        assert_eq!(peek(&p, None, 7), Ok(QuotaSnapshot::full(burst)));
+        // tat 3,000 at 0: ahead 3,000, room 2,000 → 2 available; next unit ⌈1,000/10⌉ = 100
+        // ms, rested after 300.
+        let tat = TheoreticalArrivalTime(3_000);
+        let ms = Delay::from_millis;
+        assert_eq!(peek(&p, Some(tat), 0), Ok(QuotaSnapshot::new(burst, 2, Some(ms(100)), ms(300)).unwrap()));
+        // At 25 ms: ahead 2,750, room 2,250 → 2; next ⌈750/10⌉ = 75; rested ⌈2,750/10⌉ = 275.
+        assert_eq!(peek(&p, Some(tat), 25), Ok(QuotaSnapshot::new(burst, 2, Some(ms(75)), ms(275)).unwrap()));
+        assert_eq!(peek(&p, Some(tat), 300), Ok(QuotaSnapshot::full(burst)));
+        // A state beyond the burst (ahead 7,000 > 5,000): nothing available, and the next unit
+        // is the retry of a cost-1 check: ⌈(1,000 + 2,000)/10⌉ = 300.
+        let beyond = TheoreticalArrivalTime(7_000);
+        assert_eq!(
+            peek(&p, Some(beyond), 0),
+            Ok(QuotaSnapshot::new(burst, 0, Some(ms(300)), ms(700)).unwrap())
+        );
+        assert_eq!(peek(&p, Some(TheoreticalArrivalTime(u128::MAX)), 0), Err(GcraError::StateOutOfRange));
+        // Against the evaluator, on a grid of states, instants and costs.
+        for tat in [None, Some(tat), Some(beyond), Some(TheoreticalArrivalTime(4_999))] {
+            for now in [0, 1, 99, 100, 250, 299, 300, 700] {
+                let snapshot = peek(&p, tat, now).unwrap();
+                for cost in 1..=5 {
+                    let allowed = matches!(evaluate(&p, tat, now, cost), Ok(GcraOutcome::Allowed { .. }));
+                    assert_eq!(snapshot.would_allow(cost), allowed, "cost {cost}, {tat:?} at {now}");
+                }
+                match evaluate(&p, tat, now, 1).unwrap() {
+                    GcraOutcome::Denied { retry_after_millis, available } => {
+                        assert_eq!(snapshot.next_unit_after(), Some(ms(retry_after_millis)));
+                        assert_eq!(snapshot.available(), available);
+                    }
+                    GcraOutcome::Allowed { remaining, .. } => assert_eq!(snapshot.available(), remaining + 1),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn peek_never_overflows_at_the_bounds() {
+        let p = params(MAX_LIMIT, MAX_WINDOW_MILLIS, MAX_LIMIT);
+        let first = evaluate(&p, None, u64::MAX, MAX_LIMIT).unwrap();
+        let GcraOutcome::Allowed { tat, .. } = first else { panic!() };
+        let snapshot = peek(&p, Some(tat), u64::MAX).unwrap();
+        assert_eq!(snapshot.available(), 0);
+        assert_eq!(snapshot.replenishes_after(), Delay::from_millis(MAX_WINDOW_MILLIS));
+        assert_eq!(snapshot.next_unit_after(), Some(Delay::from_millis(1)));
     }
 }

@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Duration};
 use proptest::prelude::*;
 use runlimit_core::{
     Allowance, BatchDecision, BatchError, Check, Decision, Delay, Denial, FixedWindowPolicy, GcraPolicy,
-    QuotaDenial, QuotaMode, RateLimitPolicy,
+    PolicySubject, QuotaDenial, QuotaMode, QuotaSnapshot, RateLimitPolicy,
 };
 use runlimit_memory::{
     GcraBatchError, GcraStore, ManualClock, MemoryBatchError, MemoryStore, MemoryStoreConfig,
@@ -26,6 +26,9 @@ enum Op {
     Advance(u64),
     Check(Key),
     Batch(Vec<Key>),
+    /// A peek, and whether a check of the key's cost would be allowed.
+    Peek(Key),
+    Reset(Key),
 }
 
 /// `(policy index, subject number, cost seed)`: the check's cost is `1 + seed % capacity`
@@ -52,6 +55,8 @@ fn ops(maximum: usize) -> impl Strategy<Value = Vec<Op>> {
         4 => (0usize..3, 0u64..4, seed()).prop_map(Op::Check),
         2 => proptest::collection::vec((0usize..3, 0u64..4, seed()), 0..=maximum + 1).prop_map(Op::Batch),
         2 => distinct_batch(maximum + 1),
+        1 => (0usize..3, 0u64..4, seed()).prop_map(Op::Peek),
+        1 => (0usize..3, 0u64..4, seed()).prop_map(Op::Reset),
     ];
     proptest::collection::vec(op, 1..80)
 }
@@ -77,10 +82,14 @@ fn distinct_batch(maximum: usize) -> impl Strategy<Value = Op> {
 /// state))` or `Err(retry ms)`.
 type Evaluate<P, S> = fn(&P, Option<S>, u64, u64) -> Result<(u64, u64, S), u64>;
 
+/// One algorithm's snapshot rule at `now`: `(available, next unit ms, replenish ms)`.
+type Peek<P, S> = fn(&P, Option<S>, u64) -> (u64, Option<u64>, u64);
+
 /// One algorithm's model.
 struct Model<'a, P, S> {
     policies: &'a [P; 3],
     evaluate: Evaluate<P, S>,
+    peek: Peek<P, S>,
     expiry: fn(&P, S) -> u64,
     /// `None`: unbounded.
     capacity: Option<usize>,
@@ -164,6 +173,27 @@ impl<P: RateLimitPolicy, S: Copy> Model<'_, P, S> {
             .collect())
     }
 
+    fn peek(&self, (policy_index, subject, _): Key, now: u64) -> QuotaSnapshot {
+        let policy = &self.policies[policy_index];
+        let (available, next, replenish) =
+            (self.peek)(policy, self.live((group(policy_index), subject), now), now);
+        QuotaSnapshot::new(
+            policy.capacity(),
+            available,
+            next.map(Delay::from_millis),
+            Delay::from_millis(replenish),
+        )
+        .unwrap()
+    }
+
+    /// Removes the key's state; whether it was live.
+    fn reset(&mut self, (policy, subject, _): Key, now: u64) -> bool {
+        let key = (group(policy), subject);
+        let live = self.live(key, now).is_some();
+        self.states.remove(&key);
+        live
+    }
+
     fn check(&mut self, check: Key, now: u64) -> Decision {
         match self.apply(&[check], now) {
             Ok(allowances) => Decision::allowed(allowances[0]),
@@ -211,6 +241,8 @@ fn drive<P: RateLimitPolicy, S: Copy>(
     ops: &[Op],
     store_check: impl Fn(&Check<'_, P>) -> Decision,
     store_check_all: impl Fn(&[Check<'_, P>]) -> Result<BatchDecision, BatchError>,
+    store_peek: impl Fn(PolicySubject<'_, P>) -> QuotaSnapshot,
+    store_reset: impl Fn(PolicySubject<'_, P>) -> bool,
 ) -> Result<(), TestCaseError> {
     let policies = model.policies;
     let mut now = 0u64;
@@ -229,6 +261,18 @@ fn drive<P: RateLimitPolicy, S: Copy>(
                 let checks: Vec<_> = batch.iter().map(|&key| costed(policies, key)).collect();
                 let actual = store_check_all(&checks);
                 let expected = model.check_all(batch, now);
+                prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
+            }
+            &Op::Peek(key) => {
+                let actual = store_peek(subject(&policies[key.0], key.1));
+                let expected = model.peek(key, now);
+                prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
+                let cost = costed(policies, key).cost();
+                prop_assert_eq!(actual.would_allow(cost), expected.available() >= cost);
+            }
+            &Op::Reset(key) => {
+                let actual = store_reset(subject(&policies[key.0], key.1));
+                let expected = model.reset(key, now);
                 prop_assert_eq!(actual, expected, "step {} at {} ms: {:?}", step, now, op);
             }
         }
@@ -294,6 +338,32 @@ fn gcra_evaluate(
     }
 }
 
+/// A fixed-window snapshot from its definition: `L − used` left, every unit back at the
+/// deadline.
+fn fixed_peek(policy: &FixedWindowPolicy, live: Option<(u64, u64)>, now: u64) -> (u64, Option<u64>, u64) {
+    let limit = policy.limit().get();
+    match live {
+        None => (limit, None, 0),
+        Some((deadline, used)) => (limit.saturating_sub(used), Some(deadline - now), deadline - now),
+    }
+}
+
+/// A GCRA snapshot from `gcra.md` §3: the largest cost that fits now, the wait until one more
+/// unit fits (the retry of a cost of `available + 1`), and the wait until fully rested.
+fn gcra_peek(policy: &GcraPolicy, tat: Option<u128>, now: u64) -> (u64, Option<u64>, u64) {
+    let burst = policy.burst_capacity().get();
+    let available =
+        (1..=burst).rev().find(|&cost| gcra_evaluate(policy, tat, now, cost).is_ok()).unwrap_or(0);
+    if available == burst {
+        return (burst, None, 0);
+    }
+    let next = gcra_evaluate(policy, tat, now, available + 1).unwrap_err();
+    let q = u128::from(policy.quota().get());
+    let now_s = u128::from(now) * q;
+    let ahead = tat.map_or(0, |tat| tat.saturating_sub(now_s));
+    (available, Some(next), u64::try_from(ahead.div_ceil(q)).unwrap())
+}
+
 fn gcra_expiry(policy: &GcraPolicy, tat: u128) -> u64 {
     u64::try_from(tat.div_ceil(u128::from(policy.quota().get()))).unwrap()
 }
@@ -336,12 +406,21 @@ fn run_fixed(config: MemoryStoreConfig, capacity: Option<usize>, ops: &[Op]) -> 
     let mut model = Model {
         policies: &policies,
         evaluate: fixed_evaluate,
+        peek: fixed_peek,
         expiry: |_, (deadline, _)| deadline,
         capacity,
         maximum_batch_size: config.maximum_batch_size(),
         states: HashMap::new(),
     };
-    drive(&mut model, &clock, ops, |c| store.check(c).unwrap(), |c| store.check_all(c).map_err(memory_error))
+    drive(
+        &mut model,
+        &clock,
+        ops,
+        |c| store.check(c).unwrap(),
+        |c| store.check_all(c).map_err(memory_error),
+        |s| store.peek(s).unwrap(),
+        |s| store.reset(s).unwrap(),
+    )
 }
 
 fn run_gcra(config: MemoryStoreConfig, capacity: Option<usize>, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -351,12 +430,60 @@ fn run_gcra(config: MemoryStoreConfig, capacity: Option<usize>, ops: &[Op]) -> R
     let mut model = Model {
         policies: &policies,
         evaluate: gcra_evaluate,
+        peek: gcra_peek,
         expiry: gcra_expiry,
         capacity,
         maximum_batch_size: config.maximum_batch_size(),
         states: HashMap::new(),
     };
-    drive(&mut model, &clock, ops, |c| store.check(c).unwrap(), |c| store.check_all(c).map_err(gcra_error))
+    drive(
+        &mut model,
+        &clock,
+        ops,
+        |c| store.check(c).unwrap(),
+        |c| store.check_all(c).map_err(gcra_error),
+        |s| store.peek(s).unwrap(),
+        |s| store.reset(s).unwrap(),
+    )
+}
+
+/// Every decision and reset result of `ops` on a fresh store, each operation preceded by a
+/// peek of every key when `peeking` (and the store's own peeks dropped from `ops` otherwise).
+/// Comparing the two runs shows that peeks never change what checks decide.
+macro_rules! outcomes {
+    ($store:expr, $policies:expr, $clock:expr, $ops:expr, $peeking:expr) => {{
+        let (store, policies, clock) = ($store, $policies, $clock);
+        let mut outcomes = Vec::new();
+        let mut now = 0u64;
+        for op in $ops {
+            if $peeking {
+                for policy in 0..3 {
+                    for n in 0..6 {
+                        let _ = store.peek(subject(&policies[policy], n)).unwrap();
+                    }
+                }
+            }
+            match op {
+                Op::Advance(by) => {
+                    now += by;
+                    clock.set(Duration::from_millis(now));
+                }
+                &Op::Check(key) => {
+                    outcomes.push(format!("{:?}", store.check(&costed(policies, key)).unwrap()))
+                }
+                Op::Batch(batch) => {
+                    let checks: Vec<_> = batch.iter().map(|&key| costed(policies, key)).collect();
+                    outcomes
+                        .push(format!("{:?}", store.check_all(&checks).map_err(|error| error.to_string())));
+                }
+                &Op::Reset(key) => {
+                    outcomes.push(format!("{:?}", store.reset(subject(&policies[key.0], key.1))))
+                }
+                Op::Peek(_) => {}
+            }
+        }
+        outcomes
+    }};
 }
 
 proptest! {
@@ -375,6 +502,28 @@ proptest! {
     #[test]
     fn gcra_store_matches_the_model_under_capacity_pressure(ops in ops(5)) {
         run_gcra(bounded_config(), Some(5), &ops)?;
+    }
+
+    #[test]
+    fn peeks_never_change_fixed_window_decisions(ops in ops(5)) {
+        let policies = fixed_policies();
+        let run = |peeking: bool| {
+            let clock = ManualClock::new();
+            let store = MemoryStore::builder(bounded_config()).with_clock(clock.clone()).build();
+            outcomes!(&store, &policies, &clock, &ops, peeking)
+        };
+        prop_assert_eq!(run(true), run(false));
+    }
+
+    #[test]
+    fn peeks_never_change_gcra_decisions(ops in ops(5)) {
+        let policies = gcra_policies();
+        let run = |peeking: bool| {
+            let clock = ManualClock::new();
+            let store = GcraStore::builder(bounded_config()).with_clock(clock.clone()).build();
+            outcomes!(&store, &policies, &clock, &ops, peeking)
+        };
+        prop_assert_eq!(run(true), run(false));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use runlimit_core::{
     AdmissionOutcome, Check, ConsumptionStatus, FixedWindowPolicy, Observation, Observer, QuotaMode,
-    backend::ShardHeadroom,
+    ResetOutcome, backend::ShardHeadroom,
 };
 use runlimit_memory::{GcraStore, ManualClock, MemoryStore, MemoryStoreConfig};
 
@@ -191,4 +191,37 @@ fn a_panicking_observer_never_changes_a_decision_or_poisons_a_shard() {
     assert_eq!(allowed(&store.check(&check).unwrap()), (0, 2_000));
     assert_eq!(quota_denied(&store.check(&check).unwrap()), (2, 1_000));
     assert_eq!(store.stats().poisoned_shards(), 0);
+}
+
+#[test]
+fn each_reset_is_one_observation_and_peeks_are_not_observed() {
+    let recorder = Recorder::default();
+    let store = MemoryStore::builder(MemoryStoreConfig::new(2).unwrap())
+        .with_clock(ManualClock::new())
+        .with_observer(recorder.clone())
+        .build();
+    let policy = fixed("login", 1, 1_000);
+    store.check(&Check::new(subject(&policy, 1))).unwrap();
+    recorder.take();
+    assert!(store.peek(subject(&policy, 1)).unwrap().available() == 0);
+    assert!(store.reset(subject(&policy, 1)).unwrap());
+    assert!(!store.reset(subject(&policy, 1)).unwrap());
+    assert_eq!(
+        recorder.take(),
+        [
+            Seen::Reset { policy: "login/test".into(), outcome: ResetOutcome::Removed },
+            Seen::Reset { policy: "login/test".into(), outcome: ResetOutcome::NothingStored },
+        ]
+    );
+    let gcra_recorder = Recorder::default();
+    let gcra_store = GcraStore::builder(MemoryStoreConfig::new(2).unwrap())
+        .with_clock(ManualClock::new())
+        .with_observer(gcra_recorder.clone())
+        .build();
+    let policy = gcra("api", 1, 1_000, 1);
+    assert!(!gcra_store.reset(subject(&policy, 1)).unwrap());
+    assert_eq!(
+        gcra_recorder.take(),
+        [Seen::Reset { policy: "api/test".into(), outcome: ResetOutcome::NothingStored }]
+    );
 }

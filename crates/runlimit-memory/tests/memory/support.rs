@@ -8,7 +8,7 @@ use std::{
 use runlimit_core::{
     AdmissionOperation, AdmissionOutcome, BatchDecision, BatchDecisionView, CleanupOutcome,
     ConsumptionStatus, Decision, DecisionView, Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Observation,
-    Observer, PolicyId, PolicySubject, RateLimitPolicy, ScopeId, backend::ShardHeadroom,
+    Observer, PolicyId, PolicySubject, RateLimitPolicy, ResetOutcome, ScopeId, backend::ShardHeadroom,
 };
 
 pub(crate) fn hasher() -> KeyHasher {
@@ -118,6 +118,10 @@ pub(crate) enum Seen {
         outcome: CleanupOutcome,
         maximum: u64,
     },
+    Reset {
+        policy: String,
+        outcome: ResetOutcome,
+    },
 }
 
 #[derive(Clone, Default)]
@@ -151,6 +155,10 @@ impl Observer for Recorder {
             Observation::Cleanup(cleanup) => {
                 Seen::Cleanup { outcome: cleanup.outcome(), maximum: cleanup.maximum() }
             }
+            Observation::Reset(reset) => Seen::Reset {
+                policy: format!("{}/{}", reset.policy().id().as_str(), reset.policy().scope().as_str()),
+                outcome: reset.outcome(),
+            },
         };
         self.0.lock().unwrap().push(seen);
     }

@@ -14,10 +14,11 @@ pub(crate) mod migrations;
 mod sql;
 
 use runlimit_core::{
-    Check, FixedWindowPolicy, QuotaMode,
+    Check, FixedWindowPolicy, QuotaMode, QuotaSnapshot,
     backend::{
         batch::Precedence,
         fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
+        is_expired,
     },
 };
 use sha2::{Digest, Sha256};
@@ -318,6 +319,83 @@ impl Algorithm for FixedWindowPolicy {
         };
         let ending = plan.ending(|writes| render_writes(&keys, &specs, writes, anchor_us));
         transaction::end(connection, deadline, config.operation_timeout(), ending).await
+    }
+
+    /// `BEGIN READ ONLY`, the settings, the unlocked read of the counter with a clock
+    /// sample, `ROLLBACK`: one round trip, decided by `fixed_window::peek` at the truncated
+    /// sample, exactly as a check at that instant would read the row (a stored window end
+    /// rounded up).
+    async fn peek(
+        _: Internal,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        policy: &Self,
+        key: &[u8; 64],
+    ) -> (Result<QuotaSnapshot, CheckError>, bool) {
+        let mut sql = script::begin_read_only().to_owned();
+        sql.push_str(&script::settings(config.server_timeout_millis()));
+        sql.push_str(&sql::peek(key));
+        sql.push_str(script::ROLLBACK);
+        let read = script::BEGIN_STATEMENTS + 1;
+        let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
+        let output = match script::run(connection, sql, deadline).await {
+            Ok(output) => output,
+            Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
+        };
+        let phase = CheckPhase::Preflight;
+        let bad = malformed(phase);
+        let parsed = (|| {
+            let row = output.only_row(read).ok_or_else(|| bad("expected one peek row"))?;
+            let used: Option<i64> = column(row, "used", phase)?;
+            let expires_us: Option<i64> = column(row, "expires_us", phase)?;
+            let now = sample_millis(column(row, "now_us", phase)?).map_err(&bad)?;
+            let window = match (used, expires_us) {
+                (Some(used), Some(expires_us)) => Some(
+                    u64::try_from(used)
+                        .ok()
+                        .and_then(|used| Window::new(deadline_millis(expires_us), used).ok())
+                        .ok_or_else(|| bad("stored used below 1"))?,
+                ),
+                (None, None) => None,
+                _ => return Err(bad("a counter row without its window")),
+            };
+            Ok(fixed_window::peek(&FixedWindowParameters::of(policy), window, now))
+        })();
+        (parsed, true)
+    }
+
+    /// The key's advisory lock (as an admission takes first), then the `DELETE` with a clock
+    /// sample after it; the ledger trigger frees the slot. Live when the stored window end,
+    /// rounded up to the millisecond, is after the truncated sample, as an admission would
+    /// judge it.
+    async fn reset(
+        _: Internal,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        key: &[u8; 64],
+    ) -> Result<Option<u64>, MaintenanceError> {
+        let timeout = config.operation_timeout();
+        let mut sql = script::begin().to_owned();
+        sql.push_str(&sql::lock(config.server_timeout_millis(), &[lock_id(key)]));
+        sql.push_str(&sql::reset(key));
+        let delete_statement = script::BEGIN_STATEMENTS + 1;
+        let output = script::run(connection, sql, deadline).await.map_err(|error| {
+            let phase = if error.completed < delete_statement {
+                MaintenancePhase::Begin
+            } else {
+                MaintenancePhase::Delete
+            };
+            maintenance_failure(error.failure, phase, timeout)
+        })?;
+        let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
+        let row = output.only_row(delete_statement).ok_or_else(|| bad("expected one reset row"))?;
+        let expires_us: Option<i64> =
+            sqlx::Row::try_get(row, "expires_us").map_err(|_| bad("undecodable column"))?;
+        let now_us: i64 = sqlx::Row::try_get(row, "now_us").map_err(|_| bad("undecodable column"))?;
+        let now = sample_millis(now_us).map_err(bad)?;
+        Ok(expires_us.map(|expires_us| u64::from(!is_expired(deadline_millis(expires_us), now))))
     }
 
     /// One transaction, one `DELETE`: the clock is sampled once (so the expiry predicate is an

@@ -35,7 +35,7 @@
 //! small enough that parsing and planning them each time costs less than the round trips
 //! prepared statements would need.
 
-use crate::script::{ordinal_keys, push_bytea};
+use crate::script::{bytea, ordinal_keys, push_bytea};
 
 const LOCK_SQL: &str = include_str!("../sql/fixed_window_lock.sql");
 const PREFLIGHT_SQL: &str = include_str!("../sql/fixed_window_preflight.sql");
@@ -43,6 +43,8 @@ const RESERVE_SQL: &str = include_str!("../sql/fixed_window_reserve.sql");
 const UPDATE_SQL: &str = include_str!("../sql/fixed_window_update.sql");
 const INSERT_SQL: &str = include_str!("../sql/fixed_window_insert.sql");
 const CLEANUP_SQL: &str = include_str!("../sql/fixed_window_cleanup.sql");
+const PEEK_SQL: &str = include_str!("../sql/fixed_window_peek.sql");
+const RESET_SQL: &str = include_str!("../sql/fixed_window_reset.sql");
 
 /// The transaction-local settings, then the advisory locks of `lock_ids` in the given
 /// (ascending) order, as one single-row statement. PostgreSQL evaluates a target list left to
@@ -113,6 +115,18 @@ pub(crate) fn insert(rows: &[(&[u8; 64], u64, u64)], now_us: i64) -> String {
         .replace("{expected}", &rows.len().to_string())
 }
 
+/// Reads the counter of `key` without locking it, and samples the clock: exactly one row,
+/// with null `used` and `expires_us` when no counter is stored.
+pub(crate) fn peek(key: &[u8; 64]) -> String {
+    PEEK_SQL.replace("{key}", &bytea(key))
+}
+
+/// Deletes the counter of `key` (the ledger trigger frees its slot) and samples the clock
+/// after the deletion: exactly one row, with a null `expires_us` when none was stored.
+pub(crate) fn reset(key: &[u8; 64]) -> String {
+    RESET_SQL.replace("{key}", &bytea(key))
+}
+
 /// Deletes at most `maximum_rows` expired counters.
 pub(crate) fn cleanup(maximum_rows: u32) -> String {
     CLEANUP_SQL.replace("{maximum_rows}", &maximum_rows.to_string())
@@ -148,5 +162,7 @@ mod tests {
                 .contains("'hex'), 9223372036854775807::bigint, 5::bigint)")
         );
         assert!(cleanup(250).contains("LIMIT 250"));
+        assert!(peek(&key).contains("w.counter_key = pg_catalog.decode('ab00"), "{}", peek(&key));
+        assert!(reset(&key).contains("w.counter_key = pg_catalog.decode('ab00"), "{}", reset(&key));
     }
 }

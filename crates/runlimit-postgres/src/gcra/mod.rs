@@ -11,10 +11,11 @@ pub(crate) mod migrations;
 mod sql;
 
 use runlimit_core::{
-    Check, GcraPolicy, QuotaMode,
+    Check, GcraPolicy, QuotaMode, QuotaSnapshot,
     backend::{
         batch::Precedence,
         gcra::{self, GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+        is_expired,
     },
 };
 use sqlx::{PgConnection, PgPool, Row, migrate::Migrator};
@@ -286,6 +287,90 @@ impl Algorithm for GcraPolicy {
     /// transaction sets `enable_seqscan = off` locally so this bounded index plan is chosen
     /// whatever the table statistics. Phases: [`MaintenancePhase::Begin`] covers begin,
     /// settings and discovery, [`MaintenancePhase::Delete`] the deletion.
+    /// `BEGIN READ ONLY`, the settings, the unlocked read of the arrival time and of the
+    /// shard's watermark with a clock sample, `ROLLBACK`: one round trip, decided by
+    /// `gcra::peek` at the sample clamped to the watermark, as a check would be.
+    async fn peek(
+        _: Internal,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        policy: &Self,
+        key: &[u8; 64],
+    ) -> (Result<QuotaSnapshot, CheckError>, bool) {
+        let mut sql = script::begin_read_only().to_owned();
+        sql.push_str(&script::settings(config.server_timeout_millis()));
+        sql.push_str(&sql::peek(key, i16::from(key[32])));
+        sql.push_str(script::ROLLBACK);
+        let read = script::BEGIN_STATEMENTS + 1;
+        let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
+        let output = match script::run(connection, sql, deadline).await {
+            Ok(output) => output,
+            Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
+        };
+        let phase = CheckPhase::Preflight;
+        let bad = malformed(phase);
+        let parameters = GcraParameters::of(policy);
+        let parsed = (|| {
+            let row = output.only_row(read).ok_or_else(|| bad("expected one peek row"))?;
+            let tat_ms: Option<i64> = column(row, "tat_ms", phase)?;
+            let tat_remainder: Option<i64> = column(row, "tat_remainder", phase)?;
+            let watermark_ms: Option<i64> = column(row, "watermark_ms", phase)?;
+            let clock_ms: i64 = column(row, "now_ms", phase)?;
+            let watermark_ms = watermark_ms.ok_or_else(|| bad("missing capacity ledger row"))?;
+            let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(&bad)?;
+            let tat = match (tat_ms, tat_remainder) {
+                (Some(tat_ms), Some(tat_remainder)) => Some(
+                    stored_tat(StoredTat { tat_ms, tat_remainder }, parameters)
+                        .ok_or_else(|| bad("stored arrival time out of range"))?,
+                ),
+                (None, None) => None,
+                _ => return Err(bad("an arrival time without its remainder")),
+            };
+            gcra::peek(parameters, tat, now_ms).map_err(|_| bad("stored arrival time out of range"))
+        })();
+        (parsed, true)
+    }
+
+    /// The shard's ledger row lock (as an admission takes), then the `DELETE` with a clock
+    /// sample after it; the ledger trigger frees the slot. Live when the row's expiry is after
+    /// the sample clamped to the shard's watermark, as an admission would judge it.
+    async fn reset(
+        _: Internal,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        key: &[u8; 64],
+    ) -> Result<Option<u64>, MaintenanceError> {
+        let timeout = config.operation_timeout();
+        let shard = i16::from(key[32]);
+        let mut sql = script::begin().to_owned();
+        sql.push_str(&script::settings(config.server_timeout_millis()));
+        sql.push_str(&sql::lock(&[shard]));
+        sql.push_str(&sql::reset(key));
+        let lock_statement = script::BEGIN_STATEMENTS + 1;
+        let delete_statement = lock_statement + 1;
+        let output = script::run(connection, sql, deadline).await.map_err(|error| {
+            let phase = if error.completed < delete_statement {
+                MaintenancePhase::Begin
+            } else {
+                MaintenancePhase::Delete
+            };
+            maintenance_failure(error.failure, phase, timeout)
+        })?;
+        let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
+        let get = |row: &sqlx::postgres::PgRow, name: &str| -> Result<Option<i64>, MaintenanceError> {
+            row.try_get(name).map_err(|_| bad("undecodable column"))
+        };
+        let ledger = output.only_row(lock_statement).ok_or_else(|| bad("expected one ledger row"))?;
+        let watermark_ms = get(ledger, "watermark_ms")?.ok_or_else(|| bad("missing watermark"))?;
+        let row = output.only_row(delete_statement).ok_or_else(|| bad("expected one reset row"))?;
+        let expires_at_ms = get(row, "expires_at_ms")?;
+        let clock_ms = get(row, "now_ms")?.ok_or_else(|| bad("missing clock sample"))?;
+        let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(bad)?;
+        Ok(expires_at_ms.map(|expires| u64::from(!is_expired(u64::try_from(expires).unwrap_or(0), now_ms))))
+    }
+
     async fn cleanup(
         _: Internal,
         pool: &PgPool,

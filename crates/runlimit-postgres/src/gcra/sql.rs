@@ -38,6 +38,8 @@ const WRITE_SQL: &str = include_str!("../sql/gcra_write.sql");
 const CLEANUP_SETTINGS_SQL: &str = include_str!("../sql/gcra_cleanup_settings.sql");
 const DISCOVER_SQL: &str = include_str!("../sql/gcra_discover.sql");
 const DELETE_SQL: &str = include_str!("../sql/gcra_delete.sql");
+const PEEK_SQL: &str = include_str!("../sql/gcra_peek.sql");
+const RESET_SQL: &str = include_str!("../sql/gcra_reset.sql");
 
 fn join<T: ToString>(values: &[T]) -> String {
     values.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
@@ -47,6 +49,20 @@ fn join<T: ToString>(values: &[T]) -> String {
 /// and `watermark_ms` for each.
 pub(crate) fn lock(shards: &[i16]) -> String {
     LOCK_SQL.replace("{shards}", &join(shards))
+}
+
+/// Reads the arrival time of `key` and the watermark of its shard `shard` without locking
+/// either, and samples the clock: exactly one row, with null `tat_ms` and `tat_remainder`
+/// when no state is stored.
+pub(crate) fn peek(key: &[u8; 64], shard: i16) -> String {
+    PEEK_SQL.replace("{key}", &crate::script::bytea(key)).replace("{shard}", &shard.to_string())
+}
+
+/// Deletes the state of `key` (the ledger trigger frees its slot) and samples the clock after
+/// the deletion: exactly one row, with a null `expires_at_ms` when none was stored. Sent after
+/// [`lock`] of the key's shard.
+pub(crate) fn reset(key: &[u8; 64]) -> String {
+    RESET_SQL.replace("{key}", &crate::script::bytea(key))
 }
 
 /// Reads the stored arrival times of `keys` (ordinals start at 1) and samples the clock: one

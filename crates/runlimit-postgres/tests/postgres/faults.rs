@@ -254,7 +254,7 @@ async fn a_write_that_misses_a_row_fails_before_commit() {
     let mut connection = db.connection().await;
     let absent = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
     let update = include_str!("../../src/sql/fixed_window_update.sql")
-        .replace("{updates}", &format!("({absent}, false, 1000::bigint)"))
+        .replace("{updates}", &format!("({absent}, false, 1::bigint, 1000::bigint)"))
         .replace("{now_us}", "0")
         .replace("{expected}", "1");
     let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {update} COMMIT;")))
@@ -268,7 +268,7 @@ async fn a_write_that_misses_a_row_fails_before_commit() {
     );
     sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
     let insert = include_str!("../../src/sql/fixed_window_insert.sql")
-        .replace("{inserts}", &format!("({absent}, 1000::bigint)"))
+        .replace("{inserts}", &format!("({absent}, 1::bigint, 1000::bigint)"))
         .replace("{now_us}", "0")
         .replace("{expected}", "2");
     let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {insert} COMMIT;")))

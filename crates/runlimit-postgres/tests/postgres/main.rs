@@ -15,6 +15,7 @@ mod support;
 
 mod capacity;
 mod clock_tests;
+mod control;
 mod differential;
 mod faults;
 mod migrations;

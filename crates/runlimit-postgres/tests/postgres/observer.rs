@@ -7,7 +7,7 @@ use std::{
 
 use runlimit_core::{
     AdmissionOperation, AdmissionOutcome, AdmissionPolicy, CleanupOutcome, ConsumptionStatus, Observation,
-    Observer,
+    Observer, ResetOutcome,
 };
 use runlimit_postgres::PostgresLimiter;
 use sqlx::postgres::PgPoolOptions;
@@ -20,6 +20,7 @@ enum Seen {
     Check { policy: String, outcome: AdmissionOutcome, consumption: ConsumptionStatus },
     Batch { size: usize, policy: Option<String>, outcome: AdmissionOutcome, consumption: ConsumptionStatus },
     Cleanup { outcome: CleanupOutcome, maximum: u64 },
+    Reset { policy: String, outcome: ResetOutcome },
 }
 
 #[derive(Clone, Default)]
@@ -53,6 +54,9 @@ impl Observer for Recorder {
             },
             Observation::Cleanup(cleanup) => {
                 Seen::Cleanup { outcome: cleanup.outcome(), maximum: cleanup.maximum() }
+            }
+            Observation::Reset(reset) => {
+                Seen::Reset { policy: name(reset.policy()), outcome: reset.outcome() }
             }
         };
         self.0.lock().unwrap().push(seen);
