@@ -39,6 +39,9 @@ macro_rules! __attempt_scenario_names {
             quiet_expiry_never_erases_an_active_lease
             subjects_and_policies_are_independent
             full_shard_denies_a_new_subject_and_never_evicts_live_state
+            reset_forgets_failures_and_frees_the_slot
+            reset_keeps_a_live_lease_and_its_receipt_completes_normally
+            reset_without_live_state_reports_none
         ] }
     };
 }
@@ -352,4 +355,83 @@ pub async fn full_shard_denies_a_new_subject_and_never_evicts_live_state<B: Atte
     assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(2, 200));
     assert_eq!(deny(backend, &b).await, attempt_storage_denial(5_000));
     assert_eq!(backend.complete(newcomer, AttemptOutcome::Success).await, AttemptCompletionResult::Reset);
+}
+
+/// An operator's reset forgets the subject's failures and backoff (the next attempt is
+/// admitted at once, and its failure counts from 1 again) and frees the subject's slot.
+///
+/// Shard of 1 subject, standard policy. `a` fails at 10 ms and at 120 ms (backoff 200 ms);
+/// `b` is refused a slot until `a` expires at 120 + 5,000. Reset `a` at 120 ms (true, then
+/// false): `b` is admitted and succeeds, then `a` is admitted at once and its failure at 130 ms
+/// is the first (100 ms).
+pub async fn reset_forgets_failures_and_frees_the_slot<B: AttemptBackend>(backend: &mut B) {
+    backend.bounded(1).await;
+    let policy = standard_policy();
+    let hasher = hasher();
+    let subjects = backend.subjects_in_one_shard(&hasher, &policy, 2);
+    let a = hasher.hash_attempt_for(&policy, &subjects[0]);
+    let b = hasher.hash_attempt_for(&policy, &subjects[1]);
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+    backend.advance(100).await; // 110
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await; // 120
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(2, 200));
+    assert_eq!(deny(backend, &a).await, backoff(2, 200));
+    assert_eq!(deny(backend, &b).await, attempt_storage_denial(5_000));
+    assert!(backend.reset(&a).await, "a held failure state");
+    assert!(!backend.reset(&a).await, "nothing left to reset");
+    let newcomer = admit(backend, &b).await;
+    assert_eq!(backend.complete(newcomer, AttemptOutcome::Success).await, AttemptCompletionResult::Reset);
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await; // 130
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+}
+
+/// A reset never cancels a live lease: the attempt in flight keeps its reservation (another
+/// acquire is still `InProgress`), and its receipt completes normally: a failure counts as
+/// the first after the reset, a success removes the state.
+///
+/// Standard policy (lease 50 ms). `a` fails at 10 ms; at 110 ms it is admitted again (lease to
+/// 160). Reset at 120 ms (true): still in progress, 40 ms left; the receipt's failure is the
+/// first (100 ms). At 220 ms: admitted, reset (true), the receipt's success resets, and the
+/// subject is admitted again at once.
+pub async fn reset_keeps_a_live_lease_and_its_receipt_completes_normally<B: AttemptBackend>(backend: &mut B) {
+    let policy = standard_policy();
+    let a = hasher().hash_attempt_for(&policy, b"locked-out@example.test");
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+    backend.advance(100).await; // 110
+    let in_flight = admit(backend, &a).await;
+    backend.advance(10).await; // 120
+    assert!(backend.reset(&a).await);
+    assert_eq!(deny(backend, &a).await, in_progress(40), "the lease is kept");
+    assert_eq!(backend.complete(in_flight, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+    assert_eq!(deny(backend, &a).await, backoff(1, 100));
+    backend.advance(100).await; // 220
+    let in_flight = admit(backend, &a).await;
+    assert!(backend.reset(&a).await, "a live lease is live state");
+    assert_eq!(backend.complete(in_flight, AttemptOutcome::Success).await, AttemptCompletionResult::Reset);
+    let receipt = admit(backend, &a).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Abandoned).await, failure_recorded(1, 100));
+}
+
+/// A subject that was never seen, or whose failure state outlived its quiet period, has no
+/// live state to reset.
+///
+/// Standard policy: a failure at 10 ms expires at 5,010 ms.
+pub async fn reset_without_live_state_reports_none<B: AttemptBackend>(backend: &mut B) {
+    let policy = standard_policy();
+    let a = hasher().hash_attempt_for(&policy, b"quiet@example.test");
+    assert!(!backend.reset(&a).await, "never seen");
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+    backend.advance(5_000).await; // 5,010: expired
+    assert!(!backend.reset(&a).await, "quiet state is no live state");
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
 }

@@ -79,6 +79,10 @@ pub trait AttemptBackend: Sized {
         outcome: AttemptOutcome,
     ) -> impl Future<Output = AttemptCompletionResult>;
 
+    /// An operator's reset of the subject's failure state; whether it held live state. Panics
+    /// on a backend error.
+    fn reset(&mut self, subject: &AttemptSubject<'_>) -> impl Future<Output = bool>;
+
     /// Moves the backend's clock forward by `millis`.
     fn advance(&mut self, millis: u64) -> impl Future<Output = ()>;
 

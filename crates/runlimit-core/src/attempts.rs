@@ -325,6 +325,8 @@ pub enum AttemptOperation {
     Admission,
     /// A standalone completion with the given outcome.
     Completion(AttemptOutcome),
+    /// An operator's reset of the subject's failure state.
+    Reset,
 }
 
 /// How an observed attempt operation ended. Exhaustive, and free of subjects and tokens.
@@ -338,6 +340,11 @@ pub enum AttemptEvent {
     Completed(AttemptOutcome),
     /// A completion found its receipt stale; nothing was recorded.
     Stale,
+    /// A reset was applied (committed, for PostgreSQL); `had_live_state` is what it reported.
+    Reset {
+        /// Whether the subject held live failure state or a live lease.
+        had_live_state: bool,
+    },
     /// The operation's commit outcome is unknown: it may have taken effect. Never replay it
     /// automatically.
     UncertainCommit,

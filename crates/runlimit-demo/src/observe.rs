@@ -130,6 +130,7 @@ impl AttemptObserver for TracingObserver {
         let operation = match observation.operation() {
             AttemptOperation::Admission => "admission",
             AttemptOperation::Completion(outcome) => attempt_outcome_name(outcome).0,
+            AttemptOperation::Reset => "reset",
         };
         let event = match observation.event() {
             AttemptEvent::Admitted => "admitted",
@@ -138,6 +139,8 @@ impl AttemptObserver for TracingObserver {
             AttemptEvent::Denied(AttemptDenialReason::StorageCapacity) => "denied_storage_capacity",
             AttemptEvent::Completed(outcome) => attempt_outcome_name(outcome).1,
             AttemptEvent::Stale => "stale",
+            AttemptEvent::Reset { had_live_state: true } => "reset",
+            AttemptEvent::Reset { had_live_state: false } => "reset_nothing_live",
             AttemptEvent::UncertainCommit => "uncertain_commit",
             AttemptEvent::Failed => "failed",
         };

@@ -44,7 +44,10 @@ use runlimit_core::{
         AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, AttemptReceipt,
     },
     backend::{
-        attempts::{self as rule, AttemptState, Completion, LeaseToken, issue, receipt_key, receipt_token},
+        attempts::{
+            self as rule, AttemptReset, AttemptState, Completion, LeaseToken, issue, receipt_key,
+            receipt_token,
+        },
         is_expired, notify_attempt,
     },
 };
@@ -447,6 +450,52 @@ impl<C: Clock, O: AttemptObserver> MemoryAttemptLimiter<C, O> {
             }
         }
         Ok(completion.result())
+    }
+
+    /// An operator's reset of `subject`'s failure state (a support desk unlocking a user):
+    /// its failures and backoff are forgotten, so its next admission behaves as for a subject
+    /// that never failed. Returns whether it held live state (failures within the quiet
+    /// period, or a live lease).
+    ///
+    /// A reset never cancels a live lease: the attempt in flight keeps its reservation, a
+    /// concurrent `acquire` is still denied [`InProgress`](AttemptDenial::InProgress), and the
+    /// outstanding receipt completes normally (a success removes the state; a failure counts
+    /// as the first after the reset). Without a live lease the subject's entry is removed and
+    /// its slot freed. Reported to the observer as [`AttemptOperation::Reset`] with
+    /// [`AttemptEvent::Reset`]. See `runlimit_core::backend::attempts::reset` for the rule.
+    ///
+    /// # Errors
+    ///
+    /// [`PoisonedShardError`] when the subject's shard is poisoned; nothing was changed.
+    pub fn reset(&self, subject: &AttemptSubject<'_>) -> Result<bool, PoisonedShardError> {
+        let start = Instant::now();
+        let result = self.reset_locked(subject);
+        let event = match result {
+            Ok(had_live_state) => AttemptEvent::Reset { had_live_state },
+            Err(_) => AttemptEvent::Failed,
+        };
+        self.observe(subject.policy(), AttemptOperation::Reset, event, start);
+        result
+    }
+
+    fn reset_locked(&self, subject: &AttemptSubject<'_>) -> Result<bool, PoisonedShardError> {
+        let policy = subject.policy();
+        let key = subject.counter_key();
+        let reading = clock::millis(&self.clock);
+        let mut shard = self.lock(shard_of(&key, self.shards.len()))?;
+        let now = shard.clamp(reading);
+        let Some(existing) = shard.entries.get(&key).copied() else { return Ok(false) };
+        let old_expiry = existing.state.expires_at_ms(policy);
+        let plan = rule::reset(policy, Some(existing.state), now);
+        match plan {
+            AttemptReset::NothingLive | AttemptReset::Remove => shard.remove(key, old_expiry),
+            AttemptReset::KeepLease { state } => {
+                // The lease is live, so the settled entry still holds its token.
+                let token = existing.settled(now).token;
+                shard.store(key, Some(old_expiry), AttemptEntry { state, token }, policy);
+            }
+        }
+        Ok(plan.had_live_state())
     }
 
     /// Stored subjects, live or expired-but-not-yet-removed, summed over shards (poisoned

@@ -176,6 +176,8 @@ fn observers_see_every_outcome_and_cannot_change_results() {
     let stale = admit(&limiter, &subject);
     clock.advance_millis(50);
     assert_eq!(limiter.complete(stale, AttemptOutcome::Success).unwrap(), AttemptCompletionResult::Stale);
+    assert!(limiter.reset(&subject).unwrap());
+    assert!(!limiter.reset(&subject).unwrap());
     assert_eq!(
         *recorder.0.lock().unwrap(),
         [
@@ -188,6 +190,8 @@ fn observers_see_every_outcome_and_cannot_change_results() {
             (AttemptOperation::Admission, AttemptEvent::Denied(AttemptDenialReason::Backoff)),
             (AttemptOperation::Admission, AttemptEvent::Admitted),
             (AttemptOperation::Completion(AttemptOutcome::Success), AttemptEvent::Stale),
+            (AttemptOperation::Reset, AttemptEvent::Reset { had_live_state: true }),
+            (AttemptOperation::Reset, AttemptEvent::Reset { had_live_state: false }),
         ]
     );
 

@@ -112,6 +112,10 @@ impl AttemptBackend for MemoryAttempts {
         self.limiter.complete(receipt, outcome).expect("the attempt limiter's shard is healthy")
     }
 
+    async fn reset(&mut self, subject: &AttemptSubject<'_>) -> bool {
+        self.limiter.reset(subject).expect("the attempt limiter's shard is healthy")
+    }
+
     async fn advance(&mut self, millis: u64) {
         self.clock.advance_millis(millis);
     }

@@ -253,6 +253,10 @@ impl AttemptBackend for PostgresAttempts {
             .unwrap_or_else(|error| panic!("complete failed: {error:?}"))
     }
 
+    async fn reset(&mut self, subject: &AttemptSubject<'_>) -> bool {
+        self.limiter.reset(subject).await.unwrap_or_else(|error| panic!("reset failed: {error:?}"))
+    }
+
     async fn advance(&mut self, millis: u64) {
         self.environment.clock.advance(millis).await;
     }

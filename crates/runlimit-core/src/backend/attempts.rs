@@ -194,6 +194,55 @@ pub fn admit(
     })
 }
 
+/// What an operator's reset does to a subject's attempt state (see [`reset`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptReset {
+    /// Nothing live was stored (no state, or state whose quiet period has passed): remove
+    /// whatever is stored; the reset reports `false`.
+    NothingLive,
+    /// Failure state without a live lease: remove it; the reset reports `true`.
+    Remove,
+    /// A live lease: keep it, with its token, and clear the failures: store `state`. The
+    /// reset reports `true`.
+    KeepLease {
+        /// The state to store: no failures, the same lease deadline.
+        state: AttemptState,
+    },
+}
+
+impl AttemptReset {
+    /// Whether the subject held live state: what the reset reports.
+    #[must_use]
+    pub const fn had_live_state(&self) -> bool {
+        !matches!(self, Self::NothingLive)
+    }
+}
+
+/// An operator's reset of a subject's failure state at `now_ms` (a support desk unlocking a
+/// user): the failures and their backoff are forgotten, so the next admission behaves as for
+/// a subject that never failed.
+///
+/// A reset never cancels a live lease, so it cannot be used to run a second attempt beside one
+/// in flight or to void its outcome silently: the lease is kept ([`AttemptReset::KeepLease`])
+/// and the outstanding receipt completes normally, a success removing the state and a failure
+/// counting as the first after the reset. An expired lease is settled first (it counted as a
+/// failure at its deadline), so it is cleared like any failure.
+#[must_use]
+pub fn reset(policy: &AttemptPolicy, stored: Option<AttemptState>, now_ms: u64) -> AttemptReset {
+    let Some(state) = stored.map(|state| state.settled(now_ms)) else { return AttemptReset::NothingLive };
+    match state.lease_deadline_ms {
+        Some(deadline) => AttemptReset::KeepLease {
+            state: AttemptState {
+                consecutive_failures: 0,
+                last_failure_at_ms: now_ms,
+                lease_deadline_ms: Some(deadline),
+            },
+        },
+        None if is_expired(state.expires_at_ms(policy), now_ms) => AttemptReset::NothingLive,
+        None => AttemptReset::Remove,
+    }
+}
+
 /// What completing a receipt does to the subject's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Completion {
@@ -413,5 +462,25 @@ mod tests {
         assert_eq!(end.lease_deadline_ms, Some(u64::MAX));
         assert_eq!(end.settled(u64::MAX), end, "a saturated deadline never passes");
         assert_eq!(end.expires_at_ms(&p), u64::MAX);
+    }
+
+    #[test]
+    fn reset_clears_failures_and_keeps_a_live_lease() {
+        let p = policy();
+        assert_eq!(reset(&p, None, 0), AttemptReset::NothingLive);
+        // 3 failures, latest at 10 s: removed; the next admission is immediate.
+        assert_eq!(reset(&p, Some(state(3, 10_000, None)), 11_000), AttemptReset::Remove);
+        assert!(admit(&p, None, 11_000).is_ok());
+        // Past the quiet period (10 s + 60 s) nothing is live.
+        let quiet = reset(&p, Some(state(3, 10_000, None)), 70_000);
+        assert_eq!((quiet, quiet.had_live_state()), (AttemptReset::NothingLive, false));
+        // A live lease (deadline 15 s) is kept with its deadline; failures are cleared.
+        let kept = reset(&p, Some(state(2, 9_000, Some(15_000))), 12_000);
+        assert_eq!(kept, AttemptReset::KeepLease { state: state(0, 12_000, Some(15_000)) });
+        let AttemptReset::KeepLease { state: kept } = kept else { unreachable!() };
+        // The receipt still holds it: a failure counts as the first after the reset.
+        assert_eq!(complete(&p, Some(kept), true, AttemptOutcome::Failure, 13_000), failed(1, 13_000, 1_000));
+        // An expired lease was a failure at its deadline: settled, then removed.
+        assert_eq!(reset(&p, Some(state(2, 9_000, Some(15_000))), 15_000), AttemptReset::Remove);
     }
 }

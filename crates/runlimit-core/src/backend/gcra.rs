@@ -457,6 +457,8 @@ pub fn evaluate(
 /// otherwise:  room = max(B·P − ahead, 0)
 ///             available         = ⌊room / P⌋                           units spendable now
 ///             next_unit_after   = ⌈((available + 1)·P − room) / Q⌉ ms   one more is spendable
+///                                 (ahead > B·P, a state left by a larger policy:
+///                                  ⌈(ahead − B·P + P) / Q⌉ ms)
 ///             replenishes_after = ⌈ahead / Q⌉ ms                       fully rested
 /// ```
 ///
@@ -483,14 +485,19 @@ pub fn peek(
     if ahead == 0 {
         return Ok(QuotaSnapshot::full(burst));
     }
-    let room = (u128::from(burst.get()) * period).saturating_sub(ahead);
+    let capacity = u128::from(burst.get()) * period;
+    let room = capacity.saturating_sub(ahead);
     let available = room / period;
     let millis = |scaled: u128| u64::try_from(scaled.div_ceil(quota)).ok().map(Delay::from_millis);
-    let next_unit = (available + 1)
-        .checked_mul(period)
-        .map(|unit| unit - room)
-        .and_then(millis)
-        .ok_or(GcraError::StateOutOfRange)?;
+    // The next unit fits once ahead + P ≤ B·P: within the burst that is (available + 1)·P − room
+    // away; beyond it (a state from a larger policy), ahead − B·P + P.
+    let next_unit = if ahead > capacity {
+        (ahead - capacity).checked_add(period)
+    } else {
+        (available + 1).checked_mul(period).map(|unit| unit - room)
+    }
+    .and_then(millis)
+    .ok_or(GcraError::StateOutOfRange)?;
     let replenishes = millis(ahead).ok_or(GcraError::StateOutOfRange)?;
     let available = u64::try_from(available).map_err(|_| GcraError::StateOutOfRange)?;
     QuotaSnapshot::new(burst, available, Some(next_unit), replenishes).map_err(|_| GcraError::StateOutOfRange)

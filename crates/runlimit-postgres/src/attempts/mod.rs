@@ -63,7 +63,10 @@ use runlimit_core::{
         AttemptObserver, AttemptOperation, AttemptOutcome, AttemptPolicy, AttemptReceipt,
     },
     backend::{
-        attempts::{self as rules, AttemptState, Completion, LeaseToken, issue, receipt_key, receipt_token},
+        attempts::{
+            self as rules, AttemptReset, AttemptState, Completion, LeaseToken, issue, receipt_key,
+            receipt_token,
+        },
         notify_attempt,
     },
 };
@@ -495,6 +498,67 @@ impl<O: AttemptObserver> PostgresAttemptLimiter<O> {
             Err(_) => AttemptEvent::Failed,
         };
         self.observe(receipt.policy(), AttemptOperation::Completion(outcome), event, start);
+        result
+    }
+
+    /// An operator's reset of `subject`'s failure state (a support desk unlocking a user), in
+    /// one transaction: its failures and backoff are forgotten, so its next admission behaves
+    /// as for a subject that never failed. Returns, after `COMMIT` is acknowledged, whether it
+    /// held live state (failures within the quiet period, or a live lease).
+    ///
+    /// A reset never cancels a live lease: the attempt in flight keeps its reservation and its
+    /// token, a concurrent `acquire` is still denied
+    /// [`InProgress`](runlimit_core::attempts::AttemptDenial::InProgress), and the outstanding
+    /// receipt completes normally (a success removes the state; a failure counts as the first
+    /// after the reset). A claim held by a host transaction ([`claim_in`](Self::claim_in)) is
+    /// waited for, within the operation timeout, because the reset locks the subject's row as
+    /// a completion does. Without a live lease the row is deleted and its slot freed.
+    /// Reported to the observer as [`AttemptOperation::Reset`] with
+    /// [`AttemptEvent::Reset`]. See `runlimit_core::backend::attempts::reset` for the rule.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError`]. [`consumption`](CheckError::consumption) `MayHaveBeenConsumed` means
+    /// the reset may have been applied; any other error changed nothing.
+    pub async fn reset(&self, subject: &AttemptSubject<'_>) -> Result<bool, CheckError> {
+        let start = Instant::now();
+        let policy = subject.policy();
+        let key = subject.counter_key().to_bytes();
+        let result = self
+            .standalone(async |connection, phase| {
+                *phase = CheckPhase::Preflight;
+                let Some(stored) = read_row(connection, &key).await? else { return Ok((false, false)) };
+                let now = now_ms(connection).await?;
+                let plan = rules::reset(policy, Some(stored.state), now);
+                *phase = CheckPhase::Update;
+                let write = match plan {
+                    AttemptReset::NothingLive | AttemptReset::Remove => {
+                        sqlx::query(sql::DELETE).bind(&key[..]).execute(&mut *connection).await
+                    }
+                    AttemptReset::KeepLease { state } => {
+                        sqlx::query(sql::RESET_FAILURES)
+                            .bind(&key[..])
+                            .bind(stored_instant(state.last_failure_at_ms))
+                            .bind(stored_instant(state.expires_at_ms(policy)))
+                            .execute(&mut *connection)
+                            .await
+                    }
+                };
+                let written = write.map_err(|error| StepError::Database("write", error))?;
+                if written.rows_affected() != 1 {
+                    return Err(StepError::Malformed("the locked row was not written"));
+                }
+                Ok((plan.had_live_state(), true))
+            })
+            .await;
+        let event = match &result {
+            Ok(had_live_state) => AttemptEvent::Reset { had_live_state: *had_live_state },
+            Err(error) if error.consumption() == runlimit_core::ConsumptionStatus::MayHaveBeenConsumed => {
+                AttemptEvent::UncertainCommit
+            }
+            Err(_) => AttemptEvent::Failed,
+        };
+        self.observe(policy, AttemptOperation::Reset, event, start);
         result
     }
 

@@ -33,6 +33,9 @@ pub(super) const INSERT: &str = include_str!("../sql/attempt_insert.sql");
 pub(super) const ADMIT: &str = include_str!("../sql/attempt_admit.sql");
 /// Records a failure (`$1` key, `$2` failures, `$3` latest failure, `$4` expiry).
 pub(super) const RECORD_FAILURE: &str = include_str!("../sql/attempt_record_failure.sql");
+/// An operator's reset of a subject holding a live lease: clears its failures (`$1` key, `$2`
+/// latest failure, `$3` expiry), keeping the lease, its token and any claim.
+pub(super) const RESET_FAILURES: &str = include_str!("../sql/attempt_reset_failures.sql");
 /// Deletes a subject's state (`$1` key).
 pub(super) const DELETE: &str = include_str!("../sql/attempt_delete.sql");
 /// Claims a reservation for the current transaction, rotating its token (`$1` key).
