@@ -18,7 +18,8 @@ use runlimit_core::attempts::{AttemptCompletionResult, AttemptOutcome, AttemptPo
 use crate::{
     AttemptBackend,
     support::{
-        admit, attempt_policy, attempt_storage_denial, backoff, deny, failure_recorded, hasher, in_progress,
+        HostileObserver, admit, attempt_policy, attempt_storage_denial, backoff, deny, failure_recorded,
+        hasher, in_progress,
     },
 };
 
@@ -42,6 +43,7 @@ macro_rules! __attempt_scenario_names {
             reset_forgets_failures_and_frees_the_slot
             reset_keeps_a_live_lease_and_its_receipt_completes_normally
             reset_without_live_state_reports_none
+            a_hostile_observer_changes_no_result
         ] }
     };
 }
@@ -434,4 +436,26 @@ pub async fn reset_without_live_state_reports_none<B: AttemptBackend>(backend: &
     let receipt = admit(backend, &a).await;
     backend.advance(10).await;
     assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+}
+
+/// An observer that panics with a payload whose own `Drop` panics changes no result: every
+/// acquire, completion and reset returns exactly what it would without an observer, nothing
+/// unwinds into the caller, and the observer received one observation per operation.
+///
+/// Standard policy: `a` admitted at 0 ms and failed at 10 ms (first failure, 100 ms backoff),
+/// denied at once with the whole 100 ms; a reset finds state; `a` is admitted again and its
+/// success resets the (already clear) state.
+pub async fn a_hostile_observer_changes_no_result<B: AttemptBackend>(backend: &mut B) {
+    let observer = std::sync::Arc::new(HostileObserver::default());
+    backend.observed(observer.clone()).await;
+    let policy = standard_policy();
+    let a = hasher().hash_attempt_for(&policy, b"hostile-observer@example.test");
+    let receipt = admit(backend, &a).await;
+    backend.advance(10).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Failure).await, failure_recorded(1, 100));
+    assert_eq!(deny(backend, &a).await, backoff(1, 100));
+    assert!(backend.reset(&a).await);
+    let receipt = admit(backend, &a).await;
+    assert_eq!(backend.complete(receipt, AttemptOutcome::Success).await, AttemptCompletionResult::Reset);
+    assert_eq!(observer.calls(), 6, "one observation per acquire, completion and reset");
 }

@@ -13,6 +13,8 @@
 //! key they store from [`QuotaBackend::subjects_in_one_shard`], so they fill exactly one
 //! shard whatever the backend's shard layout.
 
+use std::sync::Arc;
+
 use runlimit_core::{
     Check, CostError, FixedWindowPolicy, MAX_LIMIT, MAX_WINDOW, MAX_WINDOW_MILLIS, QuotaMode, RateLimitPolicy,
 };
@@ -20,9 +22,10 @@ use runlimit_core::{
 use crate::{
     QuotaBackend,
     support::{
-        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
-        decide, decide_all, fixed_window, fixed_window_in, peek, quota_denial, quota_denied, rejected_batch,
-        reset, shadow_denied, snapshot, storage_denial, storage_denied, storage_retry, subject,
+        HostileObserver, allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied,
+        check, costly, decide, decide_all, fixed_window, fixed_window_in, peek, quota_denial, quota_denied,
+        rejected_batch, reset, shadow_denied, snapshot, storage_denial, storage_denied, storage_retry,
+        subject,
     },
 };
 
@@ -60,6 +63,7 @@ macro_rules! __fixed_window_scenario_names {
             peek_never_creates_state_or_takes_a_slot
             reset_clears_the_state_and_frees_the_slot
             reset_through_a_shadow_policy_clears_the_shared_counter
+            a_hostile_observer_changes_no_result
         ] }
     };
 }
@@ -796,4 +800,29 @@ pub async fn reset_through_a_shadow_policy_clears_the_shared_counter<
     assert!(reset(backend, subject(1).bind(&shadow)).await);
     assert_eq!(allowed(&decide(backend, &check(&enforced, subject(1))).await), (0, 1_000));
     assert_eq!(quota_denied(&decide(backend, &check(&other, subject(1))).await), (1, 1_000));
+}
+
+/// An observer that panics with a payload whose own `Drop` panics changes no result: every
+/// check, batch and reset returns exactly what it would without an observer, nothing unwinds
+/// into the caller, and the observer received one observation per operation.
+///
+/// L = 2, W = 1,000 ms. At 0 ms: 1 left; at 100 ms: 0 left (900 ms to the deadline), then
+/// denied with 900 ms; a batch of `a` and a fresh key `b` is denied at index 0 and consumes
+/// nothing (`b` then has 1 left); a reset of `a` finds state, after which `a` anchors anew.
+pub async fn a_hostile_observer_changes_no_result<B: QuotaBackend<Policy = FixedWindowPolicy>>(
+    backend: &mut B,
+) {
+    let observer = Arc::new(HostileObserver::default());
+    backend.observed(observer.clone()).await;
+    let policy = fixed_window("fw.hostile", 2, 1_000);
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1, 1_000));
+    backend.advance(100).await;
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (0, 900));
+    assert_eq!(quota_denied(&decide(backend, &check(&policy, subject(1))).await), (2, 900));
+    let batch = [check(&policy, subject(1)), check(&policy, subject(2))];
+    assert_eq!(batch_denied(&decide_all(backend, &batch).await), (0, 2, quota_denial(2, 900)));
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(2))).await), (1, 1_000));
+    assert!(reset(backend, subject(1).bind(&policy)).await);
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1, 1_000));
+    assert_eq!(observer.calls(), 7, "one observation per check, batch and reset");
 }

@@ -15,14 +15,16 @@
 //! for a check of cost `c` (1 unless a scenario says otherwise). The doc comment of each
 //! scenario spells out the numbers behind its expected values.
 
+use std::sync::Arc;
+
 use runlimit_core::{Check, CostError, GcraPolicy, MAX_LIMIT, MAX_WINDOW_MILLIS, QuotaMode, RateLimitPolicy};
 
 use crate::{
     QuotaBackend,
     support::{
-        allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied, check, costly,
-        decide, decide_all, gcra, gcra_in, peek, quota_denial, quota_denied, rejected_batch, reset,
-        shadow_denied, snapshot, storage_denial, storage_denied, storage_retry, subject,
+        HostileObserver, allowed, allowed_with_capacity, batch_allowed, batch_denied, batch_shadow_denied,
+        check, costly, decide, decide_all, gcra, gcra_in, peek, quota_denial, quota_denied, rejected_batch,
+        reset, shadow_denied, snapshot, storage_denial, storage_denied, storage_retry, subject,
     },
 };
 
@@ -55,6 +57,7 @@ macro_rules! __gcra_scenario_names {
             peek_reports_the_exact_state_without_consuming_anything
             peek_never_creates_state_or_takes_a_slot
             reset_clears_the_state_and_frees_the_slot
+            a_hostile_observer_changes_no_result
         ] }
     };
 }
@@ -705,4 +708,27 @@ pub async fn reset_clears_the_state_and_frees_the_slot<B: QuotaBackend<Policy = 
     backend.advance(1_500).await; // 2,000 ms: a (rested at 1,500) has expired
     assert!(!reset(backend, a).await, "an expired state is no live state");
     assert_eq!(allowed(&decide(backend, &check(&policy, keys[1])).await), (1, 1_000), "the slot is free");
+}
+
+/// An observer that panics with a payload whose own `Drop` panics changes no result: every
+/// check, batch and reset returns exactly what it would without an observer, nothing unwinds
+/// into the caller, and the observer received one observation per operation.
+///
+/// Q = 1 per 1,000 ms, B = 2, all at 0 ms: `a` has 1 left (1,000 ms to rested), then 0
+/// (2,000 ms), then is denied with 1,000 ms; a batch of `a` and a fresh `b` is denied at index
+/// 0 and consumes nothing (`b` then has 1 left); a reset of `a` finds state, after which `a` is
+/// rested.
+pub async fn a_hostile_observer_changes_no_result<B: QuotaBackend<Policy = GcraPolicy>>(backend: &mut B) {
+    let observer = Arc::new(HostileObserver::default());
+    backend.observed(observer.clone()).await;
+    let policy = gcra("gcra.hostile", 1, 1_000, 2);
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1, 1_000));
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (0, 2_000));
+    assert_eq!(quota_denied(&decide(backend, &check(&policy, subject(1))).await), (2, 1_000));
+    let batch = [check(&policy, subject(1)), check(&policy, subject(2))];
+    assert_eq!(batch_denied(&decide_all(backend, &batch).await), (0, 2, quota_denial(2, 1_000)));
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(2))).await), (1, 1_000));
+    assert!(reset(backend, subject(1).bind(&policy)).await);
+    assert_eq!(allowed(&decide(backend, &check(&policy, subject(1))).await), (1, 1_000));
+    assert_eq!(observer.calls(), 7, "one observation per check, batch and reset");
 }

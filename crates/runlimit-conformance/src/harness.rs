@@ -1,10 +1,10 @@
 //! What a backend implements to run the suite.
 
-use std::future::Future;
+use std::{future::Future, sync::Arc};
 
 use runlimit_core::{
-    AttemptSubject, KeyHasher, QuotaControl, RateLimitPolicy, SubjectKey,
-    attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
+    AttemptSubject, KeyHasher, Observer, QuotaControl, RateLimitPolicy, SubjectKey,
+    attempts::{AttemptCompletionResult, AttemptDecision, AttemptObserver, AttemptOutcome, AttemptPolicy},
 };
 
 /// A quota backend under test for one algorithm: its limiter, a controlled clock and its
@@ -40,6 +40,10 @@ pub trait QuotaBackend: Sized {
     /// Replaces the limiter with a fresh, empty one whose storage shards each hold at most
     /// `keys_per_shard` keys, on the same clock.
     fn bounded(&mut self, keys_per_shard: usize) -> impl Future<Output = ()>;
+
+    /// Replaces the limiter with a fresh, empty one with room for every key a scenario uses,
+    /// on the same clock, that reports every observation to `observer`.
+    fn observed(&mut self, observer: Arc<dyn Observer>) -> impl Future<Output = ()>;
 
     /// `count` distinct subject keys that share one storage shard of this backend.
     fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey>;
@@ -89,6 +93,10 @@ pub trait AttemptBackend: Sized {
     /// Replaces the limiter with a fresh, empty one whose shards each hold at most
     /// `subjects_per_shard` subjects, on the same clock.
     fn bounded(&mut self, subjects_per_shard: usize) -> impl Future<Output = ()>;
+
+    /// Replaces the limiter with a fresh, empty one with room for every subject a scenario
+    /// uses, on the same clock, that reports every observation to `observer`.
+    fn observed(&mut self, observer: Arc<dyn AttemptObserver>) -> impl Future<Output = ()>;
 
     /// `count` distinct normalized subjects (inputs to [`KeyHasher::hash_attempt_for`]) whose
     /// keys under `policy` and `hasher` share one storage shard of this backend.

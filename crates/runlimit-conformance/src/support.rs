@@ -5,13 +5,20 @@
 //! answered. Durations are unpacked as exact whole milliseconds ([`millis`]): a delay with a
 //! sub-millisecond part fails the scenario instead of being rounded.
 
-use std::{error::Error, time::Duration};
+use std::{
+    error::Error,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use runlimit_core::{
     AttemptSubject, BatchDecision, BatchDecisionView, BatchError, Check, Decision, DecisionView, Delay,
-    Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Limiter, PolicyId, PolicySubject, QuotaControl,
-    QuotaDenial, QuotaSnapshot, RateLimitPolicy, ScopeId, SubjectKey,
-    attempts::{AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptPolicy},
+    Denial, FixedWindowPolicy, GcraPolicy, KeyHasher, Limiter, Observation, Observer, PolicyId,
+    PolicySubject, QuotaControl, QuotaDenial, QuotaSnapshot, RateLimitPolicy, ScopeId, SubjectKey,
+    attempts::{
+        AttemptCompletionResult, AttemptDecision, AttemptDenial, AttemptObservation, AttemptObserver,
+        AttemptPolicy,
+    },
 };
 
 use crate::{AttemptBackend, QuotaBackend};
@@ -426,5 +433,47 @@ mod tests {
     #[should_panic(expected = "whole number of milliseconds")]
     fn millis_refuses_sub_millisecond_delays() {
         let _ = millis(Delay::from_duration(Duration::from_micros(1_500)));
+    }
+}
+
+/// A panic payload whose own `Drop` panics.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a hostile observer's panic payload, panicking as it is dropped");
+    }
+}
+
+/// An observer written as an attacker would: it counts each call, then panics with a payload
+/// whose own `Drop` panics. A backend must return every result as if it had no observer, with
+/// nothing unwinding into its caller.
+#[derive(Debug, Default)]
+pub struct HostileObserver {
+    calls: AtomicUsize,
+}
+
+impl HostileObserver {
+    /// How many observations it received.
+    #[must_use]
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn strike(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::panic::panic_any(PanicsOnDrop);
+    }
+}
+
+impl Observer for HostileObserver {
+    fn observe(&self, _: &Observation<'_>) {
+        self.strike();
+    }
+}
+
+impl AttemptObserver for HostileObserver {
+    fn observe_attempt(&self, _: &AttemptObservation<'_>) {
+        self.strike();
     }
 }

@@ -49,8 +49,30 @@ impl<O: Observer + ?Sized> Observer for &O {
 
 /// Delivers `observation` to `observer`, catching a panic so telemetry can never change an
 /// admission result. Returns `false` when the observer panicked.
+///
+/// Isolation is total: the panic's payload is disposed of without unwinding into the caller,
+/// even when the payload's own `Drop` panics (see [`isolate`]).
 pub fn notify<O: Observer + ?Sized>(observer: &O, observation: &Observation<'_>) -> bool {
-    catch_unwind(AssertUnwindSafe(|| observer.observe(observation))).is_ok()
+    isolate(|| observer.observe(observation))
+}
+
+/// Runs `callback`, catching any panic and disposing of its payload without letting anything
+/// unwind into the caller. Returns `false` when `callback` panicked.
+///
+/// A caught payload is dropped inside a second `catch_unwind`, since a payload may be a value
+/// whose `Drop` panics; the payload of that second panic is leaked with
+/// [`std::mem::forget`] rather than dropped, so a hostile chain of payloads costs one small
+/// leak per observation and can neither unwind into a backend nor loop.
+pub(crate) fn isolate(callback: impl FnOnce()) -> bool {
+    match catch_unwind(AssertUnwindSafe(callback)) {
+        Ok(()) => true,
+        Err(payload) => {
+            if let Err(second) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                std::mem::forget(second);
+            }
+            false
+        }
+    }
 }
 
 /// The [`AdmissionOutcome`] of a single check's decision.
@@ -333,6 +355,32 @@ mod tests {
     impl Observer for Panics {
         fn observe(&self, _: &Observation<'_>) {
             panic!("observer bug");
+        }
+    }
+
+    /// A panic payload whose own `Drop` panics.
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("payload drop");
+        }
+    }
+
+    struct PanicsWithHostilePayload;
+    impl Observer for PanicsWithHostilePayload {
+        fn observe(&self, _: &Observation<'_>) {
+            std::panic::panic_any(PanicsOnDrop);
+        }
+    }
+
+    #[test]
+    fn notify_disposes_of_a_payload_whose_drop_panics() {
+        let observation =
+            Observation::Cleanup(CleanupObservation::new(CleanupOutcome::NoEffect, 10, Duration::ZERO));
+        // Without total isolation, dropping the payload would unwind out of `notify` and fail
+        // this test.
+        for _ in 0..3 {
+            assert!(!notify(&PanicsWithHostilePayload, &observation));
         }
     }
 

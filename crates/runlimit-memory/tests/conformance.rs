@@ -6,10 +6,12 @@
 //! distinct subjects share it; `bounded(n)` replaces the store with a fresh one-shard store of
 //! `n` keys on the same clock.
 
+use std::sync::Arc;
+
 use runlimit_conformance::{AttemptBackend, QuotaBackend};
 use runlimit_core::{
-    AttemptSubject, FixedWindowPolicy, GcraPolicy, KeyHasher, SubjectKey,
-    attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
+    AttemptSubject, FixedWindowPolicy, GcraPolicy, KeyHasher, Observer, SubjectKey,
+    attempts::{AttemptCompletionResult, AttemptDecision, AttemptObserver, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_memory::{
     DEFAULT_MAXIMUM_BATCH_SIZE, ManualClock, MemoryAlgorithm, MemoryAttemptLimiter, MemoryAttemptReceipt,
@@ -23,11 +25,17 @@ fn config(max_keys: usize) -> MemoryStoreConfig {
     MemoryStoreConfig::new(max_keys).expect("a valid memory store configuration")
 }
 
+/// The observer every store under the suite reports to: `()` unless a scenario installs its own.
+type QuotaObserver = Arc<dyn Observer>;
+
+/// The attempt observer every limiter under the suite reports to.
+type AttemptsObserver = Arc<dyn AttemptObserver>;
+
 /// A memory quota store (`P` = [`FixedWindowPolicy`]: a `MemoryStore`; [`GcraPolicy`]: a
 /// `GcraStore`) on a manual clock.
 struct MemoryQuota<P> {
     clock: ManualClock,
-    store: ShardedStore<P, ManualClock>,
+    store: ShardedStore<P, ManualClock, QuotaObserver>,
 }
 
 /// A `MemoryStore<ManualClock>` under test.
@@ -37,14 +45,18 @@ type MemoryFixedWindow = MemoryQuota<FixedWindowPolicy>;
 type MemoryGcra = MemoryQuota<GcraPolicy>;
 
 impl<P: MemoryAlgorithm> MemoryQuota<P> {
-    fn store(clock: &ManualClock, max_keys: usize) -> ShardedStore<P, ManualClock> {
-        ShardedStore::<P>::builder(config(max_keys)).with_clock(clock.clone()).build()
+    fn store(
+        clock: &ManualClock,
+        max_keys: usize,
+        observer: QuotaObserver,
+    ) -> ShardedStore<P, ManualClock, QuotaObserver> {
+        ShardedStore::<P>::builder(config(max_keys)).with_clock(clock.clone()).with_observer(observer).build()
     }
 }
 
 impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
     type Policy = P;
-    type Limiter = ShardedStore<P, ManualClock>;
+    type Limiter = ShardedStore<P, ManualClock, QuotaObserver>;
 
     const MAX_BATCH_SIZE: usize = DEFAULT_MAXIMUM_BATCH_SIZE;
     const REPORTS_STORAGE_RETRY: bool = true;
@@ -54,7 +66,7 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
         F: AsyncFnOnce(&mut Self),
     {
         let clock = ManualClock::new();
-        let mut backend = Self { store: Self::store(&clock, ROOMY), clock };
+        let mut backend = Self { store: Self::store(&clock, ROOMY, Arc::new(())), clock };
         futures_executor::block_on(scenario(&mut backend));
     }
 
@@ -63,7 +75,11 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
     }
 
     async fn bounded(&mut self, keys_per_shard: usize) {
-        self.store = Self::store(&self.clock, keys_per_shard);
+        self.store = Self::store(&self.clock, keys_per_shard, Arc::new(()));
+    }
+
+    async fn observed(&mut self, observer: Arc<dyn Observer>) {
+        self.store = Self::store(&self.clock, ROOMY, observer);
     }
 
     fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey> {
@@ -83,12 +99,19 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
 /// A `MemoryAttemptLimiter<ManualClock>` under test.
 struct MemoryAttempts {
     clock: ManualClock,
-    limiter: MemoryAttemptLimiter<ManualClock>,
+    limiter: MemoryAttemptLimiter<ManualClock, AttemptsObserver>,
 }
 
 impl MemoryAttempts {
-    fn limiter(clock: &ManualClock, max_keys: usize) -> MemoryAttemptLimiter<ManualClock> {
-        MemoryAttemptLimiter::builder(config(max_keys)).with_clock(clock.clone()).build()
+    fn limiter(
+        clock: &ManualClock,
+        max_keys: usize,
+        observer: AttemptsObserver,
+    ) -> MemoryAttemptLimiter<ManualClock, AttemptsObserver> {
+        MemoryAttemptLimiter::builder(config(max_keys))
+            .with_clock(clock.clone())
+            .with_observer(observer)
+            .build()
     }
 }
 
@@ -100,7 +123,7 @@ impl AttemptBackend for MemoryAttempts {
         F: AsyncFnOnce(&mut Self),
     {
         let clock = ManualClock::new();
-        let mut backend = Self { limiter: Self::limiter(&clock, ROOMY), clock };
+        let mut backend = Self { limiter: Self::limiter(&clock, ROOMY, Arc::new(())), clock };
         futures_executor::block_on(scenario(&mut backend));
     }
 
@@ -121,7 +144,11 @@ impl AttemptBackend for MemoryAttempts {
     }
 
     async fn bounded(&mut self, subjects_per_shard: usize) {
-        self.limiter = Self::limiter(&self.clock, subjects_per_shard);
+        self.limiter = Self::limiter(&self.clock, subjects_per_shard, Arc::new(()));
+    }
+
+    async fn observed(&mut self, observer: Arc<dyn AttemptObserver>) {
+        self.limiter = Self::limiter(&self.clock, ROOMY, observer);
     }
 
     fn subjects_in_one_shard(

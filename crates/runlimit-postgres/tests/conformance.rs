@@ -18,10 +18,12 @@ mod clock;
 #[path = "postgres/support.rs"]
 mod support;
 
+use std::sync::Arc;
+
 use runlimit_conformance::{AttemptBackend, QuotaBackend};
 use runlimit_core::{
-    AttemptSubject, FixedWindowPolicy, GcraPolicy, KeyHasher, SubjectKey,
-    attempts::{AttemptCompletionResult, AttemptDecision, AttemptOutcome, AttemptPolicy},
+    AttemptSubject, FixedWindowPolicy, GcraPolicy, KeyHasher, Observer, SubjectKey,
+    attempts::{AttemptCompletionResult, AttemptDecision, AttemptObserver, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_postgres::{
     PostgresAlgorithm, PostgresConfig, PostgresStore,
@@ -155,11 +157,21 @@ impl Tables for GcraPolicy {
     const TABLES: (&'static str, &'static str) = ("public.runlimit_gcra", "public.runlimit_gcra_shards");
 }
 
+/// The observer a quota limiter under the suite reports to until a scenario installs its own.
+fn no_observer() -> Arc<dyn Observer> {
+    Arc::new(())
+}
+
+/// The observer an attempt limiter under the suite reports to until a scenario installs its own.
+fn no_attempt_observer() -> Arc<dyn AttemptObserver> {
+    Arc::new(())
+}
+
 /// A quota harness: [`PostgresStore`] for policy `P` through the pinned clock. The
 /// fixed-window and GCRA limiters are one type, so they are one harness.
 pub(crate) struct PostgresQuota<P> {
     environment: Environment,
-    limiter: PostgresStore<P>,
+    limiter: PostgresStore<P, Arc<dyn Observer>>,
 }
 
 /// `PostgresLimiter` under the suite.
@@ -169,7 +181,7 @@ pub(crate) type PostgresGcra = PostgresQuota<GcraPolicy>;
 
 impl<P: Tables> QuotaBackend for PostgresQuota<P> {
     type Policy = P;
-    type Limiter = PostgresStore<P>;
+    type Limiter = PostgresStore<P, Arc<dyn Observer>>;
 
     const MAX_BATCH_SIZE: usize = PostgresStore::<P>::MAX_BATCH_SIZE;
     const REPORTS_STORAGE_RETRY: bool = false;
@@ -183,7 +195,7 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
                 PostgresStore::<P>::new(pool.clone()).migrate().await.expect("migrate");
             })
             .await;
-            let limiter = PostgresStore::new(environment.proxied.clone());
+            let limiter = PostgresStore::new(environment.proxied.clone()).with_observer(no_observer());
             let mut backend = Self { environment, limiter };
             scenario(&mut backend).await;
             backend.environment.finish().await;
@@ -197,8 +209,15 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
     async fn bounded(&mut self, keys_per_shard: usize) {
         let (table, ledger) = P::TABLES;
         self.environment.empty(table, Some(ledger)).await;
-        self.limiter =
-            PostgresStore::new(self.environment.proxied.clone()).with_config(bounded_config(keys_per_shard));
+        self.limiter = PostgresStore::new(self.environment.proxied.clone())
+            .with_config(bounded_config(keys_per_shard))
+            .with_observer(no_observer());
+    }
+
+    async fn observed(&mut self, observer: Arc<dyn Observer>) {
+        let (table, ledger) = P::TABLES;
+        self.environment.empty(table, Some(ledger)).await;
+        self.limiter = PostgresStore::new(self.environment.proxied.clone()).with_observer(observer);
     }
 
     fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey> {
@@ -217,7 +236,7 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
 /// The attempt harness: [`PostgresAttemptLimiter`] through the pinned clock.
 pub(crate) struct PostgresAttempts {
     environment: Environment,
-    limiter: PostgresAttemptLimiter,
+    limiter: PostgresAttemptLimiter<Arc<dyn AttemptObserver>>,
 }
 
 impl AttemptBackend for PostgresAttempts {
@@ -235,7 +254,8 @@ impl AttemptBackend for PostgresAttempts {
                     .expect("migrate the attempt tables");
             })
             .await;
-            let limiter = PostgresAttemptLimiter::new(environment.proxied.clone());
+            let limiter =
+                PostgresAttemptLimiter::new(environment.proxied.clone()).with_observer(no_attempt_observer());
             let mut backend = Self { environment, limiter };
             scenario(&mut backend).await;
             backend.environment.finish().await;
@@ -265,7 +285,13 @@ impl AttemptBackend for PostgresAttempts {
         // No ledger: a row's slot is its capacity, so the rows are the whole count.
         self.environment.empty("public.runlimit_attempts", None).await;
         self.limiter = PostgresAttemptLimiter::new(self.environment.proxied.clone())
-            .with_config(bounded_config(subjects_per_shard));
+            .with_config(bounded_config(subjects_per_shard))
+            .with_observer(no_attempt_observer());
+    }
+
+    async fn observed(&mut self, observer: Arc<dyn AttemptObserver>) {
+        self.environment.empty("public.runlimit_attempts", None).await;
+        self.limiter = PostgresAttemptLimiter::new(self.environment.proxied.clone()).with_observer(observer);
     }
 
     fn subjects_in_one_shard(

@@ -42,11 +42,14 @@ pub use crate::observe::{admission_outcome, batch_admission_outcome, notify};
 
 /// Delivers an attempt `observation` to `observer`, catching a panic so telemetry can never
 /// change an attempt result. Returns `false` when the observer panicked.
+///
+/// Isolation is total, as for [`notify`]: the panic's payload is disposed of without unwinding
+/// into the caller, even when the payload's own `Drop` panics.
 pub fn notify_attempt<O: AttemptObserver + ?Sized>(
     observer: &O,
     observation: &AttemptObservation<'_>,
 ) -> bool {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.observe_attempt(observation))).is_ok()
+    crate::observe::isolate(|| observer.observe_attempt(observation))
 }
 
 /// Whether an instant stored as `expires_at_ms` has passed at `now_ms`: from that instant on,
