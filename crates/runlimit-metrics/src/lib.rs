@@ -1,0 +1,254 @@
+//! Metrics for Runlimit, recorded through the [`metrics`] facade.
+//!
+//! [`MetricsObserver`] is an [`Observer`] and an [`AttemptObserver`]: give it to a store's
+//! `with_observer` (memory, PostgreSQL, or any other Runlimit backend) and every admission,
+//! cleanup, reset and attempt operation becomes counters, gauges and histograms on whatever
+//! recorder the application installed, such as `metrics-exporter-prometheus`.
+//!
+//! ```
+//! use runlimit_memory::MemoryStore;
+//! use runlimit_metrics::MetricsObserver;
+//!
+//! # let config = runlimit_memory::MemoryStoreConfig::new(10_000).unwrap();
+//! // Install a recorder first (for example metrics_exporter_prometheus::PrometheusBuilder),
+//! // then describe the metrics to it once and build the stores.
+//! MetricsObserver::describe();
+//! let store = MemoryStore::builder(config).with_observer(MetricsObserver::new("memory")).build();
+//! # let _ = store;
+//! ```
+//!
+//! # The `metrics` version
+//!
+//! This crate records through `metrics` **0.24** (tested with 0.24.6). The facade is pre-1.0:
+//! an application whose recorder is built on another minor version (0.23, 0.25) installs it in
+//! a different global slot, and every observation is silently dropped. Check with `cargo tree
+//! -i metrics` that one 0.24 version is in the graph. Histograms are recorded as raw samples;
+//! choose buckets in the exporter (for `metrics-exporter-prometheus`,
+//! `PrometheusBuilder::set_buckets_for_metric` with `Matcher::Suffix("_seconds")`), or it
+//! renders summaries.
+//!
+//! # The metrics
+//!
+//! Names are Prometheus names (counters end in `_total`, durations are `_seconds`); the
+//! OpenTelemetry name and unit to use when bridging are given beside each (see
+//! [OpenTelemetry](#opentelemetry)). Every name is also a constant in [`names`].
+//!
+//! | Prometheus name | type | labels | OpenTelemetry name (unit) |
+//! |---|---|---|---|
+//! | `runlimit_admissions_total` | counter | `backend`, `policy`, `scope`, `operation`, `outcome`, `consumption` | `runlimit.admissions` (`{admission}`) |
+//! | `runlimit_batch_checks_total` | counter | `backend`, `outcome`, `consumption` | `runlimit.batch.checks` (`{check}`) |
+//! | `runlimit_admission_duration_seconds` | histogram | `backend`, `policy`, `scope`, `operation`, `outcome` | `runlimit.admission.duration` (`s`) |
+//! | `runlimit_shard_entries` | gauge | `backend`, `shard` | `runlimit.shard.entries` (`{entry}`) |
+//! | `runlimit_shard_capacity_entries` | gauge | `backend`, `shard` | `runlimit.shard.capacity` (`{entry}`) |
+//! | `runlimit_cleanups_total` | counter | `backend`, `outcome` | `runlimit.cleanups` (`{cleanup}`) |
+//! | `runlimit_cleanup_removed_entries_total` | counter | `backend` | `runlimit.cleanup.removed` (`{entry}`) |
+//! | `runlimit_cleanup_duration_seconds` | histogram | `backend`, `outcome` | `runlimit.cleanup.duration` (`s`) |
+//! | `runlimit_resets_total` | counter | `backend`, `policy`, `scope`, `outcome` | `runlimit.resets` (`{reset}`) |
+//! | `runlimit_reset_duration_seconds` | histogram | `backend`, `policy`, `scope`, `outcome` | `runlimit.reset.duration` (`s`) |
+//! | `runlimit_attempts_total` | counter | `backend`, `policy`, `scope`, `operation`, `event` | `runlimit.attempts` (`{operation}`) |
+//! | `runlimit_attempt_duration_seconds` | histogram | `backend`, `policy`, `scope`, `operation`, `event` | `runlimit.attempt.duration` (`s`) |
+//!
+//! What one observation counts:
+//!
+//! - **One admission is one count**, whatever its size: a single check adds 1 to
+//!   `runlimit_admissions_total` with `operation="check"`; an atomic batch of any size adds 1
+//!   with `operation="batch"` (it was admitted or refused as one). A batch's `policy` and
+//!   `scope` are those of the one member its outcome singles out (the denied or shadow-denied
+//!   check), and empty (`""`, which Prometheus treats as an absent label) for an allowed,
+//!   invalid or failed batch. `runlimit_batch_checks_total` adds the batch's number of checks,
+//!   for the members.
+//! - `consumption` is the backend's [`ConsumptionStatus`], not inferred from the outcome: a
+//!   shadow denial is admitted but `not_consumed`, and a failed PostgreSQL commit is
+//!   `may_have_been_consumed`, never `consumed`.
+//! - Durations are the backend's exact elapsed time, in seconds as `f64` (not rounded to the
+//!   whole seconds of the HTTP fields).
+//! - The shard gauges are set from the headroom a bounded memory store reports with each
+//!   admission (the touched shard; a batch's fullest shard): entries stored (live or expired
+//!   and not yet removed) and the shard's fixed capacity. `shard` is the shard's index, so
+//!   these series number at most the configured shard count per backend.
+//! - A cleanup pass adds 1 to `runlimit_cleanups_total` and, when it confirmed a count, that
+//!   count to `runlimit_cleanup_removed_entries_total`.
+//! - Each attempt admission, completion or reset adds 1 to `runlimit_attempts_total`.
+//!
+//! # Label values
+//!
+//! Labels come only from exhaustive enums and from configured identifiers, so the number of
+//! series does not grow with traffic: `backend` is the `&'static str` given to
+//! [`MetricsObserver::new`], `policy` and `scope` are the policy's validated
+//! [`PolicyId`](runlimit_core::PolicyId) and [`ScopeId`](runlimit_core::ScopeId), and every
+//! other value is one of the names in [`labels`]. No subject, key, digest, address or error text
+//! is ever a label value: observations do not carry them.
+//!
+//! # OpenTelemetry
+//!
+//! There is no OpenTelemetry adapter in this crate. Bridge either way: let the OpenTelemetry
+//! Collector scrape the Prometheus endpoint (its `prometheus` receiver), or install a `metrics`
+//! recorder that forwards to an OpenTelemetry `Meter`; the table above gives the names and
+//! units to map to.
+//!
+//! # Cost
+//!
+//! Each observation builds its metric keys and looks them up in the installed recorder; the
+//! policy and scope labels are copied per observation. The crate's `cargo bench` measures it
+//! on a memory-store check (with a Prometheus recorder installed versus no observer).
+
+use std::time::Duration;
+
+use metrics::{Label, SharedString, Unit};
+use runlimit_core::{
+    AdmissionObservation, AdmissionOperation, AdmissionPolicy, CleanupObservation, CleanupOutcome, Observation,
+    Observer, ResetObservation,
+    attempts::{AttemptObservation, AttemptObserver},
+};
+
+pub mod labels;
+pub mod names;
+
+/// An [`Observer`] and [`AttemptObserver`] that records every observation through the
+/// [`metrics`] facade (see the [crate docs](crate) for the metric set and what each counts).
+///
+/// It holds only its `backend` label: the recorder is whichever one the `metrics` facade
+/// resolves at each observation (the global recorder, or a thread's local one), so an
+/// observer built before the recorder was installed records into it once it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsObserver {
+    backend: &'static str,
+}
+
+impl MetricsObserver {
+    /// An observer whose metrics carry `backend` as their `backend` label (for example
+    /// `"memory"`, `"postgres"`): a name the application chooses per store, from its
+    /// configuration, never from request data (hence `&'static str`).
+    #[must_use]
+    pub const fn new(backend: &'static str) -> Self {
+        Self { backend }
+    }
+
+    /// The `backend` label.
+    #[must_use]
+    pub const fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Registers each metric's unit and description with the currently installed recorder.
+    /// Optional (metrics are recorded without it); call it once after installing the
+    /// recorder, since descriptions given to no recorder are lost.
+    pub fn describe() {
+        use metrics::{describe_counter, describe_gauge, describe_histogram};
+        describe_counter!(names::ADMISSIONS_TOTAL, Unit::Count, "Admissions (one per check or atomic batch)");
+        describe_counter!(names::BATCH_CHECKS_TOTAL, Unit::Count, "Checks in observed atomic batches");
+        describe_histogram!(names::ADMISSION_DURATION_SECONDS, Unit::Seconds, "Backend time per admission");
+        describe_gauge!(names::SHARD_ENTRIES, Unit::Count, "Entries stored in a memory shard");
+        describe_gauge!(names::SHARD_CAPACITY_ENTRIES, Unit::Count, "Fixed capacity of a memory shard");
+        describe_counter!(names::CLEANUPS_TOTAL, Unit::Count, "Bounded cleanup passes");
+        describe_counter!(names::CLEANUP_REMOVED_ENTRIES_TOTAL, Unit::Count, "Expired entries removed by cleanup");
+        describe_histogram!(names::CLEANUP_DURATION_SECONDS, Unit::Seconds, "Time per cleanup pass");
+        describe_counter!(names::RESETS_TOTAL, Unit::Count, "Operator resets of one subject");
+        describe_histogram!(names::RESET_DURATION_SECONDS, Unit::Seconds, "Time per reset");
+        describe_counter!(names::ATTEMPTS_TOTAL, Unit::Count, "Attempt admissions, completions and resets");
+        describe_histogram!(names::ATTEMPT_DURATION_SECONDS, Unit::Seconds, "Time per attempt operation");
+    }
+
+    fn label(&self) -> Label {
+        Label::from_static_parts(labels::BACKEND, self.backend)
+    }
+
+    fn admission(&self, admission: &AdmissionObservation<'_>) {
+        let (operation, policy) = match admission.operation() {
+            AdmissionOperation::Check { policy } => (labels::CHECK, Some(policy)),
+            AdmissionOperation::Batch { size, policy } => {
+                let members = [
+                    self.label(),
+                    Label::from_static_parts(labels::OUTCOME, labels::outcome(admission.outcome())),
+                    Label::from_static_parts(labels::CONSUMPTION, labels::consumption(admission.consumption())),
+                ];
+                metrics::counter!(names::BATCH_CHECKS_TOTAL, members.to_vec())
+                    .increment(u64::try_from(size).unwrap_or(u64::MAX));
+                (labels::BATCH, policy)
+            }
+        };
+        let [policy, scope] = policy_labels(policy);
+        let outcome = Label::from_static_parts(labels::OUTCOME, labels::outcome(admission.outcome()));
+        let common = vec![self.label(), policy, scope, Label::from_static_parts(labels::OPERATION, operation), outcome];
+        metrics::histogram!(names::ADMISSION_DURATION_SECONDS, common.clone()).record(seconds(admission.elapsed()));
+        let mut counted = common;
+        counted.push(Label::from_static_parts(labels::CONSUMPTION, labels::consumption(admission.consumption())));
+        metrics::counter!(names::ADMISSIONS_TOTAL, counted).increment(1);
+        if let Some(headroom) = admission.shard_headroom() {
+            let shard = vec![self.label(), Label::new(labels::SHARD, headroom.shard_index.to_string())];
+            metrics::gauge!(names::SHARD_ENTRIES, shard.clone()).set(count(headroom.entries));
+            metrics::gauge!(names::SHARD_CAPACITY_ENTRIES, shard).set(count(headroom.capacity));
+        }
+    }
+
+    fn cleanup(&self, cleanup: &CleanupObservation) {
+        let outcome = Label::from_static_parts(labels::OUTCOME, labels::cleanup_outcome(cleanup.outcome()));
+        let with_outcome = vec![self.label(), outcome];
+        metrics::counter!(names::CLEANUPS_TOTAL, with_outcome.clone()).increment(1);
+        metrics::histogram!(names::CLEANUP_DURATION_SECONDS, with_outcome).record(seconds(cleanup.elapsed()));
+        if let CleanupOutcome::Removed { count } = cleanup.outcome() {
+            metrics::counter!(names::CLEANUP_REMOVED_ENTRIES_TOTAL, vec![self.label()]).increment(count);
+        }
+    }
+
+    fn reset(&self, reset: &ResetObservation<'_>) {
+        let [policy, scope] = policy_labels(Some(reset.policy()));
+        let outcome = Label::from_static_parts(labels::OUTCOME, labels::reset_outcome(reset.outcome()));
+        let labels = vec![self.label(), policy, scope, outcome];
+        metrics::counter!(names::RESETS_TOTAL, labels.clone()).increment(1);
+        metrics::histogram!(names::RESET_DURATION_SECONDS, labels).record(seconds(reset.elapsed()));
+    }
+}
+
+/// The `policy` and `scope` labels: the policy's identifiers, or empty values when an
+/// observation names no policy (an allowed, invalid or failed batch).
+fn policy_labels(policy: Option<AdmissionPolicy<'_>>) -> [Label; 2] {
+    match policy {
+        Some(policy) => [
+            Label::new(labels::POLICY, owned(policy.id().as_str())),
+            Label::new(labels::SCOPE, owned(policy.scope().as_str())),
+        ],
+        None => [Label::from_static_parts(labels::POLICY, ""), Label::from_static_parts(labels::SCOPE, "")],
+    }
+}
+
+fn owned(value: &str) -> SharedString {
+    SharedString::from_owned(value.to_owned())
+}
+
+/// A duration in seconds, exactly as `f64` represents it (nanosecond resolution up to about
+/// 104 days).
+fn seconds(elapsed: Duration) -> f64 {
+    elapsed.as_secs_f64()
+}
+
+/// A gauge value from a count; exact up to 2⁵³ entries.
+#[allow(clippy::cast_precision_loss, reason = "shard sizes are far below 2^53, where f64 is exact")]
+fn count(value: usize) -> f64 {
+    value as f64
+}
+
+impl Observer for MetricsObserver {
+    fn observe(&self, observation: &Observation<'_>) {
+        match observation {
+            Observation::Admission(admission) => self.admission(admission),
+            Observation::Cleanup(cleanup) => self.cleanup(cleanup),
+            Observation::Reset(reset) => self.reset(reset),
+        }
+    }
+}
+
+impl AttemptObserver for MetricsObserver {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        let policy = observation.policy();
+        let labels = vec![
+            self.label(),
+            Label::new(labels::POLICY, owned(policy.id().as_str())),
+            Label::new(labels::SCOPE, owned(policy.scope().as_str())),
+            Label::from_static_parts(labels::OPERATION, labels::attempt_operation(observation.operation())),
+            Label::from_static_parts(labels::EVENT, labels::attempt_event(observation.event())),
+        ];
+        metrics::counter!(names::ATTEMPTS_TOTAL, labels.clone()).increment(1);
+        metrics::histogram!(names::ATTEMPT_DURATION_SECONDS, labels).record(seconds(observation.elapsed()));
+    }
+}
