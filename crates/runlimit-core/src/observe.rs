@@ -51,7 +51,9 @@ impl<O: Observer + ?Sized> Observer for &O {
 /// admission result. Returns `false` when the observer panicked.
 ///
 /// Isolation is total: the panic's payload is disposed of without unwinding into the caller,
-/// even when the payload's own `Drop` panics (see [`isolate`]).
+/// even when the payload's own `Drop` panics. A caught payload is dropped inside a second
+/// `catch_unwind`; if that drop panics too, the second payload is leaked with
+/// [`std::mem::forget`] (one small leak per such observation) rather than dropped.
 pub fn notify<O: Observer + ?Sized>(observer: &O, observation: &Observation<'_>) -> bool {
     isolate(|| observer.observe(observation))
 }

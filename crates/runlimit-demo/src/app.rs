@@ -8,7 +8,8 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, StatusCode, header};
+use metrics_exporter_prometheus::PrometheusHandle;
 use runlimit_axum::{Admissions, MapRejection, RateLimitLayer, RateLimitRejection};
 use runlimit_core::{
     Check, ConsumptionStatus, Denial, FixedWindowPolicy, GcraPolicy, IdentifierError, KeyHasher, Limiter,
@@ -222,6 +223,7 @@ struct AppInner {
     hasher: KeyHasher,
     trusted_proxies: Arc<[IpAddr]>,
     users: DemoUsers,
+    metrics: PrometheusHandle,
 }
 
 impl App {
@@ -233,6 +235,7 @@ impl App {
         hasher: KeyHasher,
         trusted_proxies: Vec<IpAddr>,
         users: DemoUsers,
+        metrics: PrometheusHandle,
     ) -> Self {
         Self {
             inner: Arc::new(AppInner {
@@ -241,6 +244,7 @@ impl App {
                 hasher,
                 trusted_proxies: trusted_proxies.into(),
                 users,
+                metrics,
             }),
         }
     }
@@ -368,7 +372,7 @@ fn with_fields(fields: &RateLimitFields, response: impl IntoResponse) -> Respons
 }
 
 /// Builds the router: `POST /login` and `GET /items` behind their client-gate layers,
-/// `GET /healthz` ungated. Serve it with
+/// `GET /healthz` and `GET /metrics` ungated. Serve it with
 /// `into_make_service_with_connect_info::<SocketAddr>()`: the client extractor needs
 /// `ConnectInfo` and refuses requests without it (500).
 ///
@@ -395,6 +399,7 @@ pub fn router(app: App) -> Router {
         .route("/login", post(login).route_layer(login_gate))
         .route("/items", get(items).route_layer(items_gate))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(LOGIN_BODY_LIMIT))
         .with_state(app)
 }
@@ -532,6 +537,13 @@ async fn items(State(app): State<App>, admissions: Option<Extension<Admissions>>
         &[(&gates.items_name, &*gates.items)],
     );
     with_fields(&fields, Json(serde_json::json!({ "items": ["apple", "banana", "cherry"] })))
+}
+
+/// `GET /metrics`: every Runlimit metric of this process (see `runlimit_metrics`) in the
+/// Prometheus text exposition format (version 0.0.4).
+async fn metrics(State(app): State<App>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], app.inner.metrics.render())
+        .into_response()
 }
 
 /// `GET /healthz`: 200 when ready, 503 otherwise; see [`Readiness`](crate::Readiness).

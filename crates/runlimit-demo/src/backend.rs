@@ -23,17 +23,17 @@ use runlimit_postgres::{
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use crate::observe::{ErrorChain, TracingObserver};
+use crate::observe::{DemoObserver, ErrorChain};
 
 /// The store of the per-client `login-client` gate: always process-local and hard-bounded.
-pub type ClientStore = MemoryStore<SystemClock, TracingObserver>;
+pub type ClientStore = MemoryStore<SystemClock, DemoObserver>;
 
 /// The backend of the `login-identity` gate.
 pub enum IdentityLimiter {
     /// Process-local (no `--database-url`): each replica counts on its own.
-    Memory(MemoryStore<SystemClock, TracingObserver>),
+    Memory(MemoryStore<SystemClock, DemoObserver>),
     /// Shared by every replica using the database (`--database-url`).
-    Postgres(PostgresLimiter<TracingObserver>),
+    Postgres(PostgresLimiter<DemoObserver>),
 }
 
 /// Why the identity gate could not evaluate a check. The request is refused (503).
@@ -123,9 +123,9 @@ impl fmt::Debug for IdentityLimiter {
 /// policy-bound checks.
 pub enum ItemsLimiter {
     /// Process-local GCRA (no `--database-url`): each replica has its own burst.
-    Memory(GcraStore<SystemClock, TracingObserver>),
+    Memory(GcraStore<SystemClock, DemoObserver>),
     /// Shared by every replica using the database (`--database-url`), migrated at start.
-    Postgres(PostgresGcraLimiter<TracingObserver>),
+    Postgres(PostgresGcraLimiter<DemoObserver>),
 }
 
 /// Why the items gate could not evaluate a check. The request is refused (503).
@@ -213,9 +213,9 @@ impl fmt::Debug for ItemsLimiter {
 /// [`complete`](Self::complete).
 pub enum LoginAttempts {
     /// Process-local (no `--database-url`): each replica keeps its own backoff state.
-    Memory(MemoryAttemptLimiter<SystemClock, TracingObserver>),
+    Memory(MemoryAttemptLimiter<SystemClock, DemoObserver>),
     /// Shared by every replica using the database (`--database-url`), migrated at start.
-    Postgres(PostgresAttemptLimiter<TracingObserver>),
+    Postgres(PostgresAttemptLimiter<DemoObserver>),
 }
 
 /// The receipt of an admitted password-check attempt, from [`LoginAttempts::acquire`];

@@ -18,6 +18,7 @@
 //! | `POST /login` | `login-client` ([`RateLimitLayer`](runlimit_axum::RateLimitLayer), memory, before the body is read), then `login-identity` (in the handler, after the JSON body is parsed), then the `login-attempts` attempt limiter around the password check | 200, 401, 400/413/415/422 for a bad body, 429, 503 |
 //! | `GET /items` | `items` (GCRA, [`RateLimitLayer`](runlimit_axum::RateLimitLayer) per client) | 200, 429, 503 |
 //! | `GET /healthz` | none | 200 ready / 503 unavailable, as JSON |
+//! | `GET /metrics` | none | Prometheus text: every Runlimit metric of the process (see [Metrics](#metrics)) |
 //!
 //! `POST /login` takes `{"identity": "...", "password": "..."}` (at most
 //! [`LOGIN_BODY_LIMIT`] bytes). The demo users are a fixed in-memory table ([`DemoUsers`]),
@@ -115,6 +116,14 @@
 //! [`Observer`](runlimit_core::Observer) ([`TracingObserver`]). No event contains a raw
 //! identity, password, client address or subject key.
 //!
+//! # Metrics
+//!
+//! `GET /metrics` (ungated) serves every `runlimit_metrics` series of the process in the
+//! Prometheus text format: admissions by policy, outcome and consumption, durations in
+//! seconds (histograms with buckets from 10 µs to 2.5 s), memory shard occupancy, cleanups,
+//! resets and attempt events. The same observation feeds the logs and the metrics
+//! ([`DemoObserver`]), with `backend` `"memory"` or `"postgres"`.
+//!
 //! # Key secret
 //!
 //! Subject keys are HMAC-SHA-256 digests under the secret in `RUNLIMIT_KEY_SECRET` (its
@@ -144,7 +153,7 @@ pub use crate::backend::{
 pub use crate::cli::Args;
 pub use crate::client::{ClientAddressError, ClientKey, ClientNetwork, client_network};
 pub use crate::identity::{IdentityError, MAX_IDENTITY_LEN, normalize_identity};
-pub use crate::observe::TracingObserver;
+pub use crate::observe::{DemoObserver, TracingObserver};
 pub use crate::problem::{Problem, ProblemType};
 pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher_from_env};
 pub use crate::server::{LISTENING_PREFIX, RunError, init_tracing, run};

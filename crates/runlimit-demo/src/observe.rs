@@ -1,13 +1,40 @@
 //! Admission logs through Runlimit's observer seam.
 
 use runlimit_core::{
-    AdmissionOperation, AdmissionOutcome, CleanupOutcome, ConsumptionStatus, Observation, Observer,
-    ResetOutcome,
-    attempts::{
-        AttemptDenialReason, AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation,
-        AttemptOutcome,
-    },
+    AdmissionOperation, AdmissionOutcome, CleanupOutcome, Observation, Observer,
+    attempts::{AttemptEvent, AttemptObservation, AttemptObserver},
 };
+use runlimit_metrics::{MetricsObserver, labels};
+
+/// The demo's observer: every observation is logged ([`TracingObserver`]) and recorded as
+/// metrics ([`MetricsObserver`], served on `GET /metrics`), under the same `backend` label.
+#[derive(Clone, Debug)]
+pub struct DemoObserver {
+    tracing: TracingObserver,
+    metrics: MetricsObserver,
+}
+
+impl DemoObserver {
+    /// An observer labelling its events and metrics with `backend`.
+    #[must_use]
+    pub fn new(backend: &'static str) -> Self {
+        Self { tracing: TracingObserver::new(backend), metrics: MetricsObserver::new(backend) }
+    }
+}
+
+impl Observer for DemoObserver {
+    fn observe(&self, observation: &Observation<'_>) {
+        self.tracing.observe(observation);
+        self.metrics.observe(observation);
+    }
+}
+
+impl AttemptObserver for DemoObserver {
+    fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
+        self.tracing.observe_attempt(observation);
+        self.metrics.observe_attempt(observation);
+    }
+}
 
 /// A Runlimit [`Observer`] that emits one `tracing` event per admission.
 ///
@@ -19,10 +46,11 @@ use runlimit_core::{
 ///
 /// As an [`AttemptObserver`] it emits one event per attempt admission or completion, target
 /// `runlimit_demo::attempt`, fields `backend`, `policy`, `scope`, `operation` (`admission`,
-/// `complete_success`, `complete_failure`, `complete_abandoned`), `event` (`admitted`,
+/// `complete_success`, `complete_failure`, `complete_abandoned`, `reset`), `event` (`admitted`,
 /// `denied_in_progress`, `denied_backoff`, `denied_storage_capacity`, `completed_success`,
-/// `completed_failure`, `completed_abandoned`, `stale`, `uncertain_commit`, `failed`) and
-/// `elapsed_us`; `failed` and `uncertain_commit` are `WARN`, the rest `INFO`.
+/// `completed_failure`, `completed_abandoned`, `stale`, `reset`, `reset_nothing_live`,
+/// `uncertain_commit`, `failed`) and `elapsed_us`; `failed` and `uncertain_commit` are `WARN`,
+/// the rest `INFO`. The values are the metric label values of [`runlimit_metrics::labels`].
 ///
 /// Observations carry no subject keys, and this observer adds nothing: no identity,
 /// password, client address or key ever reaches a log line.
@@ -39,25 +67,6 @@ impl TracingObserver {
     }
 }
 
-fn outcome_name(outcome: AdmissionOutcome) -> &'static str {
-    match outcome {
-        AdmissionOutcome::Allowed => "allowed",
-        AdmissionOutcome::ShadowDenied => "shadow_denied",
-        AdmissionOutcome::QuotaExceeded => "quota_exceeded",
-        AdmissionOutcome::StorageCapacity => "storage_capacity",
-        AdmissionOutcome::InvalidBatch => "invalid_batch",
-        AdmissionOutcome::Failed => "failed",
-    }
-}
-
-fn consumption_name(consumption: ConsumptionStatus) -> &'static str {
-    match consumption {
-        ConsumptionStatus::Consumed => "consumed",
-        ConsumptionStatus::NotConsumed => "not_consumed",
-        ConsumptionStatus::MayHaveBeenConsumed => "may_have_been_consumed",
-    }
-}
-
 impl Observer for TracingObserver {
     fn observe(&self, observation: &Observation<'_>) {
         match observation {
@@ -68,8 +77,8 @@ impl Observer for TracingObserver {
                 };
                 let (policy, scope) =
                     policy.map_or(("-", "-"), |policy| (policy.id().as_str(), policy.scope().as_str()));
-                let outcome = outcome_name(admission.outcome());
-                let consumption = consumption_name(admission.consumption());
+                let outcome = labels::outcome(admission.outcome());
+                let consumption = labels::consumption(admission.consumption());
                 let elapsed_us = u64::try_from(admission.elapsed().as_micros()).unwrap_or(u64::MAX);
                 if admission.outcome() == AdmissionOutcome::Failed {
                     tracing::warn!(
@@ -86,10 +95,10 @@ impl Observer for TracingObserver {
                 }
             }
             Observation::Cleanup(cleanup) => {
-                let (outcome, removed) = match cleanup.outcome() {
-                    CleanupOutcome::Removed { count } => ("removed", count),
-                    CleanupOutcome::NoEffect => ("no_effect", 0),
-                    CleanupOutcome::Unknown => ("unknown", 0),
+                let outcome = labels::cleanup_outcome(cleanup.outcome());
+                let removed = match cleanup.outcome() {
+                    CleanupOutcome::Removed { count } => count,
+                    CleanupOutcome::NoEffect | CleanupOutcome::Unknown => 0,
                 };
                 tracing::debug!(
                     target: "runlimit_demo::cleanup",
@@ -98,12 +107,7 @@ impl Observer for TracingObserver {
                 );
             }
             Observation::Reset(reset) => {
-                let outcome = match reset.outcome() {
-                    ResetOutcome::Removed => "removed",
-                    ResetOutcome::NothingStored => "nothing_stored",
-                    ResetOutcome::NoEffect => "no_effect",
-                    ResetOutcome::Unknown => "unknown",
-                };
+                let outcome = labels::reset_outcome(reset.outcome());
                 let policy = reset.policy();
                 tracing::info!(
                     target: "runlimit_demo::reset",
@@ -115,35 +119,12 @@ impl Observer for TracingObserver {
     }
 }
 
-fn attempt_outcome_name(outcome: AttemptOutcome) -> (&'static str, &'static str) {
-    match outcome {
-        AttemptOutcome::Success => ("complete_success", "completed_success"),
-        AttemptOutcome::Failure => ("complete_failure", "completed_failure"),
-        AttemptOutcome::Abandoned => ("complete_abandoned", "completed_abandoned"),
-    }
-}
-
 impl AttemptObserver for TracingObserver {
     fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
         let policy = observation.policy().id().as_str();
         let scope = observation.policy().scope().as_str();
-        let operation = match observation.operation() {
-            AttemptOperation::Admission => "admission",
-            AttemptOperation::Completion(outcome) => attempt_outcome_name(outcome).0,
-            AttemptOperation::Reset => "reset",
-        };
-        let event = match observation.event() {
-            AttemptEvent::Admitted => "admitted",
-            AttemptEvent::Denied(AttemptDenialReason::InProgress) => "denied_in_progress",
-            AttemptEvent::Denied(AttemptDenialReason::Backoff) => "denied_backoff",
-            AttemptEvent::Denied(AttemptDenialReason::StorageCapacity) => "denied_storage_capacity",
-            AttemptEvent::Completed(outcome) => attempt_outcome_name(outcome).1,
-            AttemptEvent::Stale => "stale",
-            AttemptEvent::Reset { had_live_state: true } => "reset",
-            AttemptEvent::Reset { had_live_state: false } => "reset_nothing_live",
-            AttemptEvent::UncertainCommit => "uncertain_commit",
-            AttemptEvent::Failed => "failed",
-        };
+        let operation = labels::attempt_operation(observation.operation());
+        let event = labels::attempt_event(observation.event());
         let elapsed_us = u64::try_from(observation.elapsed().as_micros()).unwrap_or(u64::MAX);
         if matches!(observation.event(), AttemptEvent::Failed | AttemptEvent::UncertainCommit) {
             tracing::warn!(

@@ -7,9 +7,11 @@ use std::{
     time::Duration,
 };
 
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use runlimit_memory::{
     GcraStore, MemoryAttemptLimiter, MemoryStore, MemoryStoreConfig, MemoryStoreConfigError,
 };
+use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{
     MigrationError, PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter,
 };
@@ -21,7 +23,7 @@ use crate::{
     app::{App, Gates, GatesError, router},
     backend::{Backends, IdentityLimiter, ItemsLimiter, LoginAttempts},
     cli::Args,
-    observe::TracingObserver,
+    observe::DemoObserver,
     secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher_from_env},
     users::DemoUsers,
 };
@@ -69,6 +71,14 @@ pub enum RunError {
         #[source]
         source: MigrationError,
     },
+    /// The Prometheus recorder behind `GET /metrics` could not be installed (another `metrics`
+    /// recorder is already installed in this process).
+    #[error("failed to install the Prometheus metrics recorder")]
+    Metrics {
+        /// The exporter's error.
+        #[source]
+        source: metrics_exporter_prometheus::BuildError,
+    },
     /// The listening socket could not be bound.
     #[error("failed to listen on {address}")]
     Bind {
@@ -107,17 +117,37 @@ fn memory_config(args: &Args) -> Result<MemoryStoreConfig, RunError> {
         .map_err(|source| RunError::MemoryConfig { source })
 }
 
+/// Histogram buckets of every `*_seconds` metric, in seconds: 10 µs to 2.5 s.
+const DURATION_BUCKETS: &[f64] =
+    &[1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.5];
+
+/// How often the Prometheus recorder's upkeep runs (draining histogram samples into buckets
+/// between scrapes, so memory stays bounded without a scrape).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Installs the process's `metrics` recorder (Prometheus, rendered by `GET /metrics`) and
+/// describes Runlimit's metrics to it. Before any backend is built, so every observation is
+/// recorded.
+fn install_metrics() -> Result<PrometheusHandle, RunError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), DURATION_BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|source| RunError::Metrics { source })?;
+    MetricsObserver::describe();
+    Ok(handle)
+}
+
 /// How long startup waits for the first PostgreSQL connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
-    let observer = TracingObserver::new("memory");
-    let client = Arc::new(MemoryStore::builder(config).with_observer(observer).build());
+    let observer = DemoObserver::new("memory");
+    let client = Arc::new(MemoryStore::builder(config).with_observer(observer.clone()).build());
     let (identity, items, attempts) = match &args.database_url {
         None => (
-            IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer).build()),
-            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer).build()),
+            IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer.clone()).build()),
+            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer.clone()).build()),
             LoginAttempts::Memory(MemoryAttemptLimiter::builder(config).with_observer(observer).build()),
         ),
         Some(url) => {
@@ -127,10 +157,10 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
                 .connect(url)
                 .await
                 .map_err(|source| RunError::Connect { source })?;
-            let postgres = TracingObserver::new("postgres");
-            let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres);
+            let postgres = DemoObserver::new("postgres");
+            let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres.clone());
             identity.migrate().await.map_err(|source| RunError::Migrate { source })?;
-            let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres);
+            let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres.clone());
             items.migrate().await.map_err(|source| RunError::Migrate { source })?;
             let attempts = PostgresAttemptLimiter::new(pool).with_observer(postgres);
             attempts.migrate().await.map_err(|source| RunError::Migrate { source })?;
@@ -170,9 +200,20 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         );
     }
     let gates = Gates::new(&args).map_err(|source| RunError::Gates { source })?;
+    let metrics = install_metrics()?;
     let backends = backends(&args).await?;
     let label = backends.label();
-    let app = App::new(gates, backends, hasher, args.trusted_proxies.clone(), DemoUsers::default());
+    let upkeep = {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                interval.tick().await;
+                metrics.run_upkeep();
+            }
+        })
+    };
+    let app = App::new(gates, backends, hasher, args.trusted_proxies.clone(), DemoUsers::default(), metrics);
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -197,6 +238,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     if let Some(task) = maintenance {
         task.abort();
     }
+    upkeep.abort();
     served.map_err(|source| RunError::Serve { source })?;
     tracing::info!("stopped");
     Ok(())

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, assert_ratelimit, attempt_backoff_body,
-    quota_exceeded_body, unauthorized_body,
+    quota_exceeded_body, scraped, unauthorized_body,
 };
 
 #[tokio::test]
@@ -447,4 +447,83 @@ async fn password_checks_back_off_per_identity_and_a_success_resets() {
     for secret in ["alice", "Alice", "correct horse", "wrong", "127.0.0.1"] {
         assert!(!stderr.contains(secret), "stderr leaks {secret:?}:\n{stderr}");
     }
+}
+
+#[tokio::test]
+async fn metrics_count_exactly_the_requests_served() {
+    let demo = Demo::start(
+        &[
+            "--client-limit",
+            "3",
+            "--identity-limit",
+            "2",
+            "--items-quota",
+            "1",
+            "--items-period-secs",
+            "60",
+            "--items-burst",
+            "2",
+        ],
+        &[],
+    );
+    let http = Http::new();
+    // Items: a burst of 2, then 2 refusals.
+    for expected in
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]
+    {
+        assert_eq!(http.get(&demo.url("/items"), &[]).await.status, expected);
+    }
+    // Logins: success, wrong password, refused by the identity gate (2 per window), then by the
+    // client gate (3 per window).
+    assert_eq!(http.login(&demo, ALICE, ALICE_PASSWORD).await.status, StatusCode::OK);
+    assert_eq!(http.login(&demo, ALICE, "wrong").await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(http.login(&demo, ALICE, ALICE_PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(http.login(&demo, ALICE, ALICE_PASSWORD).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Neither 404s nor scrapes are admissions.
+    assert_eq!(http.get(&demo.url("/nope"), &[]).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(http.get(&demo.url("/metrics"), &[]).await.status, StatusCode::OK);
+
+    let reply = http.get(&demo.url("/metrics"), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+    assert_eq!(reply.header("ratelimit"), None, "the scrape is ungated");
+    let check = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
+        format!(
+            r#"backend="memory",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
+        )
+    };
+    let expected: std::collections::BTreeMap<String, String> = [
+        (check("demo.items", "client", "allowed", "consumed"), "2"),
+        (check("demo.items", "client", "quota_exceeded", "not_consumed"), "2"),
+        (check("demo.login", "client", "allowed", "consumed"), "3"),
+        (check("demo.login", "client", "quota_exceeded", "not_consumed"), "1"),
+        (check("demo.login", "identity", "allowed", "consumed"), "2"),
+        (check("demo.login", "identity", "quota_exceeded", "not_consumed"), "1"),
+    ]
+    .into_iter()
+    .map(|(labels, value)| (labels, value.to_owned()))
+    .collect();
+    assert_eq!(scraped(&reply.body, "runlimit_admissions_total"), expected, "{}", reply.body);
+    let attempt = |operation: &str, event: &str| {
+        format!(
+            r#"backend="memory",policy="demo.login",scope="attempt",operation="{operation}",event="{event}""#
+        )
+    };
+    let expected: std::collections::BTreeMap<String, String> = [
+        (attempt("admission", "admitted"), "2"),
+        (attempt("complete_success", "completed_success"), "1"),
+        (attempt("complete_failure", "completed_failure"), "1"),
+    ]
+    .into_iter()
+    .map(|(labels, value)| (labels, value.to_owned()))
+    .collect();
+    assert_eq!(scraped(&reply.body, "runlimit_attempts_total"), expected, "{}", reply.body);
+    // Durations are histograms in seconds: one sample per admission.
+    let durations = scraped(&reply.body, "runlimit_admission_duration_seconds_count");
+    assert_eq!(
+        durations[r#"backend="memory",policy="demo.items",scope="client",operation="check",outcome="allowed""#],
+        "2"
+    );
+    // No subject material in any label: not the identity, not the client address.
+    assert!(!reply.body.contains("alice") && !reply.body.contains("127.0.0.1"), "{}", reply.body);
 }

@@ -14,7 +14,7 @@ use http::StatusCode;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, quota_exceeded_body,
-    unauthorized_body,
+    scraped, unauthorized_body,
 };
 
 const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
@@ -171,6 +171,28 @@ async fn two_replicas_share_the_identity_quota_and_the_items_burst_and_keep_thei
         assert_fields(&reply, Some(r#""items";q=1;w=10"#), Some(r#""items";r=0;t=10"#), Some("10"));
         assert_eq!(reply.json(), quota_exceeded_body("items", 10));
     }
+    // A's own metrics: the PostgreSQL gates it checked (the other replica's are its own).
+    let reply = http.get(&a.url("/metrics"), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let admissions = scraped(&reply.body, "runlimit_admissions_total");
+    let postgres = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
+        let labels = format!(
+            r#"backend="postgres",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
+        );
+        admissions.get(&labels).cloned()
+    };
+    // Identity: alice 3 allowed and 1 refused, bob 1 allowed (his second login stopped at A's
+    // client gate); items: 2 allowed, 1 refused.
+    assert_eq!(
+        postgres("demo.login", "identity", "allowed", "consumed").as_deref(),
+        Some("4"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(postgres("demo.login", "identity", "quota_exceeded", "not_consumed").as_deref(), Some("1"));
+    assert_eq!(postgres("demo.items", "client", "allowed", "consumed").as_deref(), Some("2"));
+    assert_eq!(postgres("demo.items", "client", "quota_exceeded", "not_consumed").as_deref(), Some("1"));
+
     // One GCRA row (one client: 127.0.0.1) in PostgreSQL.
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM runlimit_gcra").fetch_one(&mut connection).await.unwrap();

@@ -10,8 +10,9 @@
 //! use runlimit_metrics::MetricsObserver;
 //!
 //! # let config = runlimit_memory::MemoryStoreConfig::new(10_000).unwrap();
-//! // Install a recorder first (for example metrics_exporter_prometheus::PrometheusBuilder),
-//! // then describe the metrics to it once and build the stores.
+//! // Install a recorder first (for example metrics_exporter_prometheus::PrometheusBuilder):
+//! // an observer keeps the handles of the recorder it first records into. Then describe the
+//! // metrics to it once and build the stores.
 //! MetricsObserver::describe();
 //! let store = MemoryStore::builder(config).with_observer(MetricsObserver::new("memory")).build();
 //! # let _ = store;
@@ -88,31 +89,116 @@
 //!
 //! # Cost
 //!
-//! Each observation builds its metric keys and looks them up in the installed recorder; the
-//! policy and scope labels are copied per observation. The crate's `cargo bench` measures it
-//! on a memory-store check (with a Prometheus recorder installed versus no observer).
+//! Looking a metric up in a recorder (building its key, hashing it, finding it in the
+//! registry) costs far more than a memory-store check, so an observer resolves each label set
+//! once and keeps the handles: an observation hashes one small key (the policy fingerprint and
+//! the enum values), then updates atomics. Clones of an observer share its handles. At most
+//! [`MAX_CACHED_LABEL_SETS`] label sets per kind of metric are kept; observations beyond that
+//! (only possible with that many distinct policies) are recorded without a cache. The crate's
+//! `cargo bench` measures the cost on a memory-store check, with a Prometheus recorder
+//! installed versus no observer.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    hash::Hash,
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
 
-use metrics::{Label, SharedString, Unit};
+use metrics::{Counter, Gauge, Histogram, Label, SharedString, Unit};
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionPolicy, CleanupObservation, CleanupOutcome, Observation,
-    Observer, ResetObservation,
-    attempts::{AttemptObservation, AttemptObserver},
+    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, CleanupObservation,
+    CleanupOutcome, ConsumptionStatus, Observation, Observer, PolicyFingerprint, ResetObservation,
+    ResetOutcome,
+    attempts::{AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation},
 };
 
 pub mod labels;
 pub mod names;
 
+/// The most label sets an observer keeps resolved handles for, per kind of metric (admissions,
+/// shards, cleanups, resets, attempts).
+pub const MAX_CACHED_LABEL_SETS: usize = 4_096;
+
 /// An [`Observer`] and [`AttemptObserver`] that records every observation through the
 /// [`metrics`] facade (see the [crate docs](crate) for the metric set and what each counts).
 ///
-/// It holds only its `backend` label: the recorder is whichever one the `metrics` facade
-/// resolves at each observation (the global recorder, or a thread's local one), so an
-/// observer built before the recorder was installed records into it once it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The recorder is the one the `metrics` facade resolves (the global recorder, or the
+/// thread's local one) when a label set is first observed; its handles are kept from then on
+/// (see [Cost](crate#cost)), so install the recorder before the first observation. Clones
+/// share the kept handles.
+#[derive(Clone, Debug)]
 pub struct MetricsObserver {
     backend: &'static str,
+    handles: Arc<Handles>,
+}
+
+/// Resolved handles, per label set.
+#[derive(Debug, Default)]
+struct Handles {
+    admissions: Cache<AdmissionKey, AdmissionHandles>,
+    /// `runlimit_shard_entries` per shard; the capacity gauge is set once, when resolved (a
+    /// shard's capacity is fixed).
+    shards: Cache<usize, Gauge>,
+    cleanups: Cache<&'static str, [Counter; 2]>,
+    cleanup_durations: Cache<&'static str, Histogram>,
+    resets: Cache<(PolicyFingerprint, ResetOutcome), (Counter, Histogram)>,
+    attempts: Cache<(PolicyFingerprint, AttemptOperation, AttemptEvent), (Counter, Histogram)>,
+}
+
+/// What an admission's series depend on: its policy, operation, outcome and consumption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct AdmissionKey {
+    policy: Option<PolicyFingerprint>,
+    batch: bool,
+    outcome: AdmissionOutcome,
+    consumption: ConsumptionStatus,
+}
+
+#[derive(Debug)]
+struct AdmissionHandles {
+    admissions: Counter,
+    duration: Histogram,
+    /// `runlimit_batch_checks_total`, for batches.
+    batch_checks: Option<Counter>,
+}
+
+/// Handles kept per label set, up to [`MAX_CACHED_LABEL_SETS`].
+///
+/// A lock poisoned by a panicking recorder is used as is: the map only ever holds complete
+/// entries.
+///
+/// Keys are hashed with `foldhash` (hashbrown's default hasher, randomly seeded per cache):
+/// they are a policy fingerprint and enum values, so the flood resistance of the standard
+/// library's SipHash buys nothing here, and it cost a tenth of an observation.
+#[derive(Debug)]
+struct Cache<K, V> {
+    map: RwLock<HashMap<K, V, foldhash::fast::RandomState>>,
+}
+
+impl<K, V> Default for Cache<K, V> {
+    fn default() -> Self {
+        Self { map: RwLock::new(HashMap::default()) }
+    }
+}
+
+impl<K: Hash + Eq, V> Cache<K, V> {
+    /// Runs `record` on the handles of `key`, resolving them with `resolve` on first use.
+    fn with(&self, key: K, resolve: impl FnOnce() -> V, record: impl FnOnce(&V)) {
+        {
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(handles) = map.get(&key) {
+                record(handles);
+                return;
+            }
+        }
+        let handles = resolve();
+        record(&handles);
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if map.len() < MAX_CACHED_LABEL_SETS {
+            map.entry(key).or_insert(handles);
+        }
+    }
 }
 
 impl MetricsObserver {
@@ -120,8 +206,8 @@ impl MetricsObserver {
     /// `"memory"`, `"postgres"`): a name the application chooses per store, from its
     /// configuration, never from request data (hence `&'static str`).
     #[must_use]
-    pub const fn new(backend: &'static str) -> Self {
-        Self { backend }
+    pub fn new(backend: &'static str) -> Self {
+        Self { backend, handles: Arc::default() }
     }
 
     /// The `backend` label.
@@ -141,7 +227,11 @@ impl MetricsObserver {
         describe_gauge!(names::SHARD_ENTRIES, Unit::Count, "Entries stored in a memory shard");
         describe_gauge!(names::SHARD_CAPACITY_ENTRIES, Unit::Count, "Fixed capacity of a memory shard");
         describe_counter!(names::CLEANUPS_TOTAL, Unit::Count, "Bounded cleanup passes");
-        describe_counter!(names::CLEANUP_REMOVED_ENTRIES_TOTAL, Unit::Count, "Expired entries removed by cleanup");
+        describe_counter!(
+            names::CLEANUP_REMOVED_ENTRIES_TOTAL,
+            Unit::Count,
+            "Expired entries removed by cleanup"
+        );
         describe_histogram!(names::CLEANUP_DURATION_SECONDS, Unit::Seconds, "Time per cleanup pass");
         describe_counter!(names::RESETS_TOTAL, Unit::Count, "Operator resets of one subject");
         describe_histogram!(names::RESET_DURATION_SECONDS, Unit::Seconds, "Time per reset");
@@ -154,49 +244,91 @@ impl MetricsObserver {
     }
 
     fn admission(&self, admission: &AdmissionObservation<'_>) {
-        let (operation, policy) = match admission.operation() {
-            AdmissionOperation::Check { policy } => (labels::CHECK, Some(policy)),
-            AdmissionOperation::Batch { size, policy } => {
-                let members = [
-                    self.label(),
-                    Label::from_static_parts(labels::OUTCOME, labels::outcome(admission.outcome())),
-                    Label::from_static_parts(labels::CONSUMPTION, labels::consumption(admission.consumption())),
-                ];
-                metrics::counter!(names::BATCH_CHECKS_TOTAL, members.to_vec())
-                    .increment(u64::try_from(size).unwrap_or(u64::MAX));
-                (labels::BATCH, policy)
+        let (size, policy) = match admission.operation() {
+            AdmissionOperation::Check { policy } => (None, Some(policy)),
+            AdmissionOperation::Batch { size, policy } => (Some(size), policy),
+        };
+        let (outcome, consumption) = (admission.outcome(), admission.consumption());
+        let key = AdmissionKey {
+            policy: policy.map(|policy| *policy.fingerprint()),
+            batch: size.is_some(),
+            outcome,
+            consumption,
+        };
+        let resolve = || {
+            let operation = if size.is_some() { labels::BATCH } else { labels::CHECK };
+            let [policy, scope] = policy_labels(policy);
+            let outcome = Label::from_static_parts(labels::OUTCOME, labels::outcome(outcome));
+            let consumption = Label::from_static_parts(labels::CONSUMPTION, labels::consumption(consumption));
+            let common =
+                vec![self.label(), policy, scope, Label::from_static_parts(labels::OPERATION, operation)];
+            let duration = [common.clone(), vec![outcome.clone()]].concat();
+            AdmissionHandles {
+                admissions: metrics::counter!(
+                    names::ADMISSIONS_TOTAL,
+                    [common, vec![outcome.clone(), consumption.clone()]].concat()
+                ),
+                duration: metrics::histogram!(names::ADMISSION_DURATION_SECONDS, duration),
+                batch_checks: size.map(|_| {
+                    metrics::counter!(names::BATCH_CHECKS_TOTAL, vec![self.label(), outcome, consumption])
+                }),
             }
         };
-        let [policy, scope] = policy_labels(policy);
-        let outcome = Label::from_static_parts(labels::OUTCOME, labels::outcome(admission.outcome()));
-        let common = vec![self.label(), policy, scope, Label::from_static_parts(labels::OPERATION, operation), outcome];
-        metrics::histogram!(names::ADMISSION_DURATION_SECONDS, common.clone()).record(seconds(admission.elapsed()));
-        let mut counted = common;
-        counted.push(Label::from_static_parts(labels::CONSUMPTION, labels::consumption(admission.consumption())));
-        metrics::counter!(names::ADMISSIONS_TOTAL, counted).increment(1);
+        self.handles.admissions.with(key, resolve, |handles| {
+            handles.admissions.increment(1);
+            handles.duration.record(seconds(admission.elapsed()));
+            if let (Some(counter), Some(size)) = (&handles.batch_checks, size) {
+                counter.increment(u64::try_from(size).unwrap_or(u64::MAX));
+            }
+        });
         if let Some(headroom) = admission.shard_headroom() {
-            let shard = vec![self.label(), Label::new(labels::SHARD, headroom.shard_index.to_string())];
-            metrics::gauge!(names::SHARD_ENTRIES, shard.clone()).set(count(headroom.entries));
-            metrics::gauge!(names::SHARD_CAPACITY_ENTRIES, shard).set(count(headroom.capacity));
+            let resolve = || {
+                let shard = vec![self.label(), Label::new(labels::SHARD, headroom.shard_index.to_string())];
+                metrics::gauge!(names::SHARD_CAPACITY_ENTRIES, shard.clone()).set(count(headroom.capacity));
+                metrics::gauge!(names::SHARD_ENTRIES, shard)
+            };
+            self.handles
+                .shards
+                .with(headroom.shard_index, resolve, |entries| entries.set(count(headroom.entries)));
         }
     }
 
     fn cleanup(&self, cleanup: &CleanupObservation) {
-        let outcome = Label::from_static_parts(labels::OUTCOME, labels::cleanup_outcome(cleanup.outcome()));
-        let with_outcome = vec![self.label(), outcome];
-        metrics::counter!(names::CLEANUPS_TOTAL, with_outcome.clone()).increment(1);
-        metrics::histogram!(names::CLEANUP_DURATION_SECONDS, with_outcome).record(seconds(cleanup.elapsed()));
-        if let CleanupOutcome::Removed { count } = cleanup.outcome() {
-            metrics::counter!(names::CLEANUP_REMOVED_ENTRIES_TOTAL, vec![self.label()]).increment(count);
-        }
+        let outcome = labels::cleanup_outcome(cleanup.outcome());
+        let with_outcome = || vec![self.label(), Label::from_static_parts(labels::OUTCOME, outcome)];
+        let counters = || {
+            [
+                metrics::counter!(names::CLEANUPS_TOTAL, with_outcome()),
+                metrics::counter!(names::CLEANUP_REMOVED_ENTRIES_TOTAL, vec![self.label()]),
+            ]
+        };
+        self.handles.cleanups.with(outcome, counters, |[passes, removed]| {
+            passes.increment(1);
+            if let CleanupOutcome::Removed { count } = cleanup.outcome() {
+                removed.increment(count);
+            }
+        });
+        let duration = || metrics::histogram!(names::CLEANUP_DURATION_SECONDS, with_outcome());
+        self.handles
+            .cleanup_durations
+            .with(outcome, duration, |histogram| histogram.record(seconds(cleanup.elapsed())));
     }
 
     fn reset(&self, reset: &ResetObservation<'_>) {
-        let [policy, scope] = policy_labels(Some(reset.policy()));
-        let outcome = Label::from_static_parts(labels::OUTCOME, labels::reset_outcome(reset.outcome()));
-        let labels = vec![self.label(), policy, scope, outcome];
-        metrics::counter!(names::RESETS_TOTAL, labels.clone()).increment(1);
-        metrics::histogram!(names::RESET_DURATION_SECONDS, labels).record(seconds(reset.elapsed()));
+        let resolve = || {
+            let [policy, scope] = policy_labels(Some(reset.policy()));
+            let outcome = Label::from_static_parts(labels::OUTCOME, labels::reset_outcome(reset.outcome()));
+            let labels = vec![self.label(), policy, scope, outcome];
+            (
+                metrics::counter!(names::RESETS_TOTAL, labels.clone()),
+                metrics::histogram!(names::RESET_DURATION_SECONDS, labels),
+            )
+        };
+        let key = (*reset.policy().fingerprint(), reset.outcome());
+        self.handles.resets.with(key, resolve, |(counter, histogram)| {
+            counter.increment(1);
+            histogram.record(seconds(reset.elapsed()));
+        });
     }
 }
 
@@ -241,14 +373,26 @@ impl Observer for MetricsObserver {
 impl AttemptObserver for MetricsObserver {
     fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
         let policy = observation.policy();
-        let labels = vec![
-            self.label(),
-            Label::new(labels::POLICY, owned(policy.id().as_str())),
-            Label::new(labels::SCOPE, owned(policy.scope().as_str())),
-            Label::from_static_parts(labels::OPERATION, labels::attempt_operation(observation.operation())),
-            Label::from_static_parts(labels::EVENT, labels::attempt_event(observation.event())),
-        ];
-        metrics::counter!(names::ATTEMPTS_TOTAL, labels.clone()).increment(1);
-        metrics::histogram!(names::ATTEMPT_DURATION_SECONDS, labels).record(seconds(observation.elapsed()));
+        let resolve = || {
+            let labels = vec![
+                self.label(),
+                Label::new(labels::POLICY, owned(policy.id().as_str())),
+                Label::new(labels::SCOPE, owned(policy.scope().as_str())),
+                Label::from_static_parts(
+                    labels::OPERATION,
+                    labels::attempt_operation(observation.operation()),
+                ),
+                Label::from_static_parts(labels::EVENT, labels::attempt_event(observation.event())),
+            ];
+            (
+                metrics::counter!(names::ATTEMPTS_TOTAL, labels.clone()),
+                metrics::histogram!(names::ATTEMPT_DURATION_SECONDS, labels),
+            )
+        };
+        let key = (*policy.fingerprint(), observation.operation(), observation.event());
+        self.handles.attempts.with(key, resolve, |(counter, histogram)| {
+            counter.increment(1);
+            histogram.record(seconds(observation.elapsed()));
+        });
     }
 }

@@ -50,6 +50,8 @@ pub const HISTOGRAMS: &[&str] =
 pub fn is_exported_series(series: &str) -> bool {
     SCALARS.contains(&series)
         || HISTOGRAMS.iter().any(|histogram| {
-            series.strip_prefix(histogram).is_some_and(|rest| matches!(rest, "" | "_bucket" | "_sum" | "_count"))
+            series
+                .strip_prefix(histogram)
+                .is_some_and(|rest| matches!(rest, "" | "_bucket" | "_sum" | "_count"))
         })
 }

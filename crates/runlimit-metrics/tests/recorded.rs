@@ -12,8 +12,8 @@ use runlimit_core::{
     CleanupOutcome, ConsumptionStatus, FixedWindowPolicy, KeyHasher, Observation, Observer, PolicyId,
     QuotaMode, ResetObservation, ResetOutcome, ScopeId, SubjectKey,
     attempts::{
-        AttemptDenialReason, AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation, AttemptOutcome,
-        AttemptPolicy,
+        AttemptDenialReason, AttemptEvent, AttemptObservation, AttemptObserver, AttemptOperation,
+        AttemptOutcome, AttemptPolicy,
     },
     backend::ShardHeadroom,
 };
@@ -80,17 +80,34 @@ fn admission<'a>(
     consumption: ConsumptionStatus,
     micros: u64,
 ) -> Observation<'a> {
-    Observation::Admission(AdmissionObservation::new(operation, outcome, consumption, Duration::from_micros(micros)))
+    Observation::Admission(AdmissionObservation::new(
+        operation,
+        outcome,
+        consumption,
+        Duration::from_micros(micros),
+    ))
 }
 
-const OBSERVER: MetricsObserver = MetricsObserver::new("memory");
+/// A fresh observer (its kept handles belong to the recorder it first records into).
+fn observer() -> MetricsObserver {
+    MetricsObserver::new("memory")
+}
 
 /// The labels of an admission of the `login`/`identity` policy.
 fn login(operation: &'static str, outcome: &'static str) -> Vec<(&'static str, &'static str)> {
-    vec![("backend", "memory"), ("policy", "login"), ("scope", "identity"), ("operation", operation), ("outcome", outcome)]
+    vec![
+        ("backend", "memory"),
+        ("policy", "login"),
+        ("scope", "identity"),
+        ("operation", operation),
+        ("outcome", outcome),
+    ]
 }
 
-fn with(mut labels: Vec<(&'static str, &'static str)>, more: (&'static str, &'static str)) -> Vec<(&'static str, &'static str)> {
+fn with(
+    mut labels: Vec<(&'static str, &'static str)>,
+    more: (&'static str, &'static str),
+) -> Vec<(&'static str, &'static str)> {
     labels.push(more);
     labels
 }
@@ -101,18 +118,39 @@ fn single_check_outcomes_count_once_each_with_exact_labels_and_seconds() {
     let check = AdmissionOperation::Check { policy: AdmissionPolicy::of(&policy) };
     let cases = [
         (AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, "allowed", "consumed", 1_500),
-        (AdmissionOutcome::QuotaExceeded, ConsumptionStatus::NotConsumed, "quota_exceeded", "not_consumed", 250),
+        (
+            AdmissionOutcome::QuotaExceeded,
+            ConsumptionStatus::NotConsumed,
+            "quota_exceeded",
+            "not_consumed",
+            250,
+        ),
         (AdmissionOutcome::ShadowDenied, ConsumptionStatus::NotConsumed, "shadow_denied", "not_consumed", 2),
-        (AdmissionOutcome::StorageCapacity, ConsumptionStatus::NotConsumed, "storage_capacity", "not_consumed", 1),
+        (
+            AdmissionOutcome::StorageCapacity,
+            ConsumptionStatus::NotConsumed,
+            "storage_capacity",
+            "not_consumed",
+            1,
+        ),
         (AdmissionOutcome::Failed, ConsumptionStatus::NotConsumed, "failed", "not_consumed", 3_000_000),
-        (AdmissionOutcome::Failed, ConsumptionStatus::MayHaveBeenConsumed, "failed", "may_have_been_consumed", 7),
+        (
+            AdmissionOutcome::Failed,
+            ConsumptionStatus::MayHaveBeenConsumed,
+            "failed",
+            "may_have_been_consumed",
+            7,
+        ),
         (AdmissionOutcome::Failed, ConsumptionStatus::Consumed, "failed", "consumed", 8),
     ];
     for (outcome, consumption, outcome_name, consumption_name, micros) in cases {
-        let got = recorded(|| OBSERVER.observe(&admission(check, outcome, consumption, micros)));
+        let got = recorded(|| observer().observe(&admission(check, outcome, consumption, micros)));
         let labels = login("check", outcome_name);
         let expected = BTreeMap::from([
-            (series(names::ADMISSIONS_TOTAL, &with(labels.clone(), ("consumption", consumption_name))), Value::Counter(1)),
+            (
+                series(names::ADMISSIONS_TOTAL, &with(labels.clone(), ("consumption", consumption_name))),
+                Value::Counter(1),
+            ),
             (
                 series(names::ADMISSION_DURATION_SECONDS, &labels),
                 #[allow(clippy::cast_precision_loss, reason = "exact for these small values")]
@@ -123,9 +161,13 @@ fn single_check_outcomes_count_once_each_with_exact_labels_and_seconds() {
     }
     // The samples are seconds, not milliseconds or microseconds.
     let got = recorded(|| {
-        OBSERVER.observe(&admission(check, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 1_500));
+        let observer = observer();
+        observer.observe(&admission(check, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 1_500));
     });
-    assert_eq!(got[&series(names::ADMISSION_DURATION_SECONDS, &login("check", "allowed"))], Value::Histogram(vec![0.0015]));
+    assert_eq!(
+        got[&series(names::ADMISSION_DURATION_SECONDS, &login("check", "allowed"))],
+        Value::Histogram(vec![0.0015])
+    );
 }
 
 #[test]
@@ -135,26 +177,60 @@ fn a_batch_counts_once_with_its_singled_out_policy_and_adds_its_members() {
     let allowed = AdmissionOperation::Batch { size: 2, policy: None };
     let invalid = AdmissionOperation::Batch { size: 0, policy: None };
     let got = recorded(|| {
-        OBSERVER.observe(&admission(denied, AdmissionOutcome::QuotaExceeded, ConsumptionStatus::NotConsumed, 10));
-        OBSERVER.observe(&admission(allowed, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 20));
-        OBSERVER.observe(&admission(allowed, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 30));
-        OBSERVER.observe(&admission(invalid, AdmissionOutcome::InvalidBatch, ConsumptionStatus::NotConsumed, 40));
+        let observer = observer();
+        observer.observe(&admission(
+            denied,
+            AdmissionOutcome::QuotaExceeded,
+            ConsumptionStatus::NotConsumed,
+            10,
+        ));
+        observer.observe(&admission(allowed, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 20));
+        observer.observe(&admission(allowed, AdmissionOutcome::Allowed, ConsumptionStatus::Consumed, 30));
+        observer.observe(&admission(
+            invalid,
+            AdmissionOutcome::InvalidBatch,
+            ConsumptionStatus::NotConsumed,
+            40,
+        ));
     });
     let none = |outcome| {
-        vec![("backend", "memory"), ("policy", ""), ("scope", ""), ("operation", "batch"), ("outcome", outcome)]
+        vec![
+            ("backend", "memory"),
+            ("policy", ""),
+            ("scope", ""),
+            ("operation", "batch"),
+            ("outcome", outcome),
+        ]
     };
-    let members = |outcome, consumption| vec![("backend", "memory"), ("outcome", outcome), ("consumption", consumption)];
+    let members = |outcome, consumption| {
+        vec![("backend", "memory"), ("outcome", outcome), ("consumption", consumption)]
+    };
     let expected = BTreeMap::from([
         (
-            series(names::ADMISSIONS_TOTAL, &with(login("batch", "quota_exceeded"), ("consumption", "not_consumed"))),
+            series(
+                names::ADMISSIONS_TOTAL,
+                &with(login("batch", "quota_exceeded"), ("consumption", "not_consumed")),
+            ),
             Value::Counter(1),
         ),
-        (series(names::ADMISSION_DURATION_SECONDS, &login("batch", "quota_exceeded")), Value::Histogram(vec![0.00001])),
+        (
+            series(names::ADMISSION_DURATION_SECONDS, &login("batch", "quota_exceeded")),
+            Value::Histogram(vec![0.00001]),
+        ),
         (series(names::BATCH_CHECKS_TOTAL, &members("quota_exceeded", "not_consumed")), Value::Counter(3)),
-        (series(names::ADMISSIONS_TOTAL, &with(none("allowed"), ("consumption", "consumed"))), Value::Counter(2)),
-        (series(names::ADMISSION_DURATION_SECONDS, &none("allowed")), Value::Histogram(vec![0.00002, 0.00003])),
+        (
+            series(names::ADMISSIONS_TOTAL, &with(none("allowed"), ("consumption", "consumed"))),
+            Value::Counter(2),
+        ),
+        (
+            series(names::ADMISSION_DURATION_SECONDS, &none("allowed")),
+            Value::Histogram(vec![0.00002, 0.00003]),
+        ),
         (series(names::BATCH_CHECKS_TOTAL, &members("allowed", "consumed")), Value::Counter(4)),
-        (series(names::ADMISSIONS_TOTAL, &with(none("invalid_batch"), ("consumption", "not_consumed"))), Value::Counter(1)),
+        (
+            series(names::ADMISSIONS_TOTAL, &with(none("invalid_batch"), ("consumption", "not_consumed"))),
+            Value::Counter(1),
+        ),
         (series(names::ADMISSION_DURATION_SECONDS, &none("invalid_batch")), Value::Histogram(vec![0.00004])),
         (series(names::BATCH_CHECKS_TOTAL, &members("invalid_batch", "not_consumed")), Value::Counter(0)),
     ]);
@@ -166,6 +242,7 @@ fn shard_headroom_sets_the_shard_gauges() {
     let policy = policy();
     let check = AdmissionOperation::Check { policy: AdmissionPolicy::of(&policy) };
     let got = recorded(|| {
+        let observer = observer();
         for entries in [3, 7] {
             let observation = AdmissionObservation::new(
                 check,
@@ -174,7 +251,7 @@ fn shard_headroom_sets_the_shard_gauges() {
                 Duration::ZERO,
             )
             .with_shard_headroom(ShardHeadroom { shard_index: 12, entries, capacity: 10 });
-            OBSERVER.observe(&Observation::Admission(observation));
+            observer.observe(&Observation::Admission(observation));
         }
     });
     let shard = [("backend", "memory"), ("shard", "12")];
@@ -186,13 +263,14 @@ fn shard_headroom_sets_the_shard_gauges() {
 #[test]
 fn cleanups_count_their_outcome_and_removed_entries() {
     let got = recorded(|| {
+        let observer = observer();
         for (outcome, millis) in [
             (CleanupOutcome::Removed { count: 40 }, 2),
             (CleanupOutcome::Removed { count: 0 }, 1),
             (CleanupOutcome::NoEffect, 4),
             (CleanupOutcome::Unknown, 8),
         ] {
-            OBSERVER.observe(&Observation::Cleanup(CleanupObservation::new(
+            observer.observe(&Observation::Cleanup(CleanupObservation::new(
                 outcome,
                 1_000,
                 Duration::from_millis(millis),
@@ -217,9 +295,14 @@ fn cleanups_count_their_outcome_and_removed_entries() {
 fn resets_count_each_outcome() {
     let policy = policy();
     let got = recorded(|| {
-        for outcome in [ResetOutcome::Removed, ResetOutcome::NothingStored, ResetOutcome::NoEffect, ResetOutcome::Unknown]
-        {
-            OBSERVER.observe(&Observation::Reset(ResetObservation::new(
+        let observer = observer();
+        for outcome in [
+            ResetOutcome::Removed,
+            ResetOutcome::NothingStored,
+            ResetOutcome::NoEffect,
+            ResetOutcome::Unknown,
+        ] {
+            observer.observe(&Observation::Reset(ResetObservation::new(
                 AdmissionPolicy::of(&policy),
                 outcome,
                 Duration::from_millis(1),
@@ -227,9 +310,14 @@ fn resets_count_each_outcome() {
         }
     });
     for outcome in ["removed", "nothing_stored", "no_effect", "unknown"] {
-        let labels = [("backend", "memory"), ("policy", "login"), ("scope", "identity"), ("outcome", outcome)];
+        let labels =
+            [("backend", "memory"), ("policy", "login"), ("scope", "identity"), ("outcome", outcome)];
         assert_eq!(got[&series(names::RESETS_TOTAL, &labels)], Value::Counter(1), "{outcome}");
-        assert_eq!(got[&series(names::RESET_DURATION_SECONDS, &labels)], Value::Histogram(vec![0.001]), "{outcome}");
+        assert_eq!(
+            got[&series(names::RESET_DURATION_SECONDS, &labels)],
+            Value::Histogram(vec![0.001]),
+            "{outcome}"
+        );
     }
     assert_eq!(got.len(), 8);
 }
@@ -272,13 +360,24 @@ fn every_attempt_event_counts_under_its_own_name() {
         ),
         (failure, AttemptEvent::Stale, "complete_failure", "stale"),
         (AttemptOperation::Reset, AttemptEvent::Reset { had_live_state: true }, "reset", "reset"),
-        (AttemptOperation::Reset, AttemptEvent::Reset { had_live_state: false }, "reset", "reset_nothing_live"),
+        (
+            AttemptOperation::Reset,
+            AttemptEvent::Reset { had_live_state: false },
+            "reset",
+            "reset_nothing_live",
+        ),
         (failure, AttemptEvent::UncertainCommit, "complete_failure", "uncertain_commit"),
         (admission, AttemptEvent::Failed, "admission", "failed"),
     ];
     for (operation, event, operation_name, event_name) in cases {
         let got = recorded(|| {
-            OBSERVER.observe_attempt(&AttemptObservation::new(&policy, operation, event, Duration::from_micros(250)));
+            let observer = observer();
+            observer.observe_attempt(&AttemptObservation::new(
+                &policy,
+                operation,
+                event,
+                Duration::from_micros(250),
+            ));
         });
         let labels = [
             ("backend", "memory"),
@@ -307,10 +406,14 @@ fn through_a_store(subjects: u64) -> (BTreeMap<Series, Value>, Vec<SubjectKey>) 
     .unwrap();
     let hasher = KeyHasher::new(&[7; 32]).unwrap();
     let keys: Vec<SubjectKey> = (0..subjects)
-        .map(|n| hasher.hash_for(&policy, format!("subject-{n}@example.test").as_bytes()).into_unbound_subject_key())
+        .map(|n| {
+            hasher
+                .hash_for(&policy, format!("subject-{n}@example.test").as_bytes())
+                .into_unbound_subject_key()
+        })
         .collect();
     let config = MemoryStoreConfig::new(100_000).unwrap().with_shard_count(8).unwrap();
-    let store = MemoryStore::builder(config).with_clock(ManualClock::new()).with_observer(OBSERVER).build();
+    let store = MemoryStore::builder(config).with_clock(ManualClock::new()).with_observer(observer()).build();
     let got = recorded(|| {
         for key in &keys {
             assert!(store.check(&Check::new(key.bind(&policy))).unwrap().permits_request());
@@ -324,20 +427,35 @@ fn through_a_store(subjects: u64) -> (BTreeMap<Series, Value>, Vec<SubjectKey>) 
 fn a_real_store_records_its_admissions_exactly() {
     let (got, _) = through_a_store(3);
     let labels = |outcome| {
-        vec![("backend", "memory"), ("policy", "api"), ("scope", "client"), ("operation", "check"), ("outcome", outcome)]
+        vec![
+            ("backend", "memory"),
+            ("policy", "api"),
+            ("scope", "client"),
+            ("operation", "check"),
+            ("outcome", outcome),
+        ]
     };
-    assert_eq!(got[&series(names::ADMISSIONS_TOTAL, &with(labels("allowed"), ("consumption", "consumed")))], Value::Counter(3));
     assert_eq!(
-        got[&series(names::ADMISSIONS_TOTAL, &with(labels("quota_exceeded"), ("consumption", "not_consumed")))],
+        got[&series(names::ADMISSIONS_TOTAL, &with(labels("allowed"), ("consumption", "consumed")))],
+        Value::Counter(3)
+    );
+    assert_eq!(
+        got[&series(
+            names::ADMISSIONS_TOTAL,
+            &with(labels("quota_exceeded"), ("consumption", "not_consumed"))
+        )],
         Value::Counter(1)
     );
-    let Value::Histogram(samples) = &got[&series(names::ADMISSION_DURATION_SECONDS, &labels("allowed"))] else {
+    let Value::Histogram(samples) = &got[&series(names::ADMISSION_DURATION_SECONDS, &labels("allowed"))]
+    else {
         panic!("a histogram")
     };
     assert_eq!(samples.len(), 3);
     assert!(samples.iter().all(|seconds| (0.0..1.0).contains(seconds)), "{samples:?} are seconds");
     let shards: u64 = (0..8)
-        .filter_map(|shard| got.get(&series(names::SHARD_ENTRIES, &[("backend", "memory"), ("shard", &shard.to_string())])))
+        .filter_map(|shard| {
+            got.get(&series(names::SHARD_ENTRIES, &[("backend", "memory"), ("shard", &shard.to_string())]))
+        })
         .map(|value| match value {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "small exact counts")]
             Value::Gauge(entries) => *entries as u64,
@@ -351,14 +469,29 @@ fn a_real_store_records_its_admissions_exactly() {
 fn label_sets_do_not_grow_with_subjects_and_never_name_one() {
     let (few, _) = through_a_store(200);
     let (many, keys) = through_a_store(10_000);
-    let names_of = |recorded: &BTreeMap<Series, Value>| recorded.keys().cloned().collect::<BTreeSet<Series>>();
+    let names_of =
+        |recorded: &BTreeMap<Series, Value>| recorded.keys().cloned().collect::<BTreeSet<Series>>();
     // A counter and a histogram per outcome (allowed, quota_exceeded) and 8 shards × 2
     // gauges, however many subjects.
     assert_eq!(names_of(&few), names_of(&many));
     assert_eq!(many.len(), 2 * 2 + 8 * 2);
     let allowed: BTreeSet<&str> = [
-        "memory", "api", "client", "check", "allowed", "quota_exceeded", "consumed", "not_consumed", "0", "1", "2",
-        "3", "4", "5", "6", "7",
+        "memory",
+        "api",
+        "client",
+        "check",
+        "allowed",
+        "quota_exceeded",
+        "consumed",
+        "not_consumed",
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
     ]
     .into();
     for (_, labels) in many.keys() {
@@ -384,16 +517,63 @@ fn shadow_mode_records_shadow_denials_as_not_consumed() {
     let hasher = KeyHasher::new(&[7; 32]).unwrap();
     let key = hasher.hash_for(&policy, b"shadowed@example.test").into_unbound_subject_key();
     let config = MemoryStoreConfig::new(100).unwrap();
-    let store = MemoryStore::builder(config).with_clock(ManualClock::new()).with_observer(OBSERVER).build();
+    let store = MemoryStore::builder(config).with_clock(ManualClock::new()).with_observer(observer()).build();
     let got = recorded(|| {
         for _ in 0..7 {
             assert!(store.check(&Check::new(key.bind(&policy))).unwrap().permits_request());
         }
     });
     let labels = |outcome| login("check", outcome);
-    assert_eq!(got[&series(names::ADMISSIONS_TOTAL, &with(labels("allowed"), ("consumption", "consumed")))], Value::Counter(5));
     assert_eq!(
-        got[&series(names::ADMISSIONS_TOTAL, &with(labels("shadow_denied"), ("consumption", "not_consumed")))],
+        got[&series(names::ADMISSIONS_TOTAL, &with(labels("allowed"), ("consumption", "consumed")))],
+        Value::Counter(5)
+    );
+    assert_eq!(
+        got[&series(
+            names::ADMISSIONS_TOTAL,
+            &with(labels("shadow_denied"), ("consumption", "not_consumed"))
+        )],
         Value::Counter(2)
     );
+}
+
+#[test]
+fn label_sets_beyond_the_cache_bound_are_still_recorded_exactly() {
+    let policies: Vec<FixedWindowPolicy> = (0..runlimit_metrics::MAX_CACHED_LABEL_SETS + 5)
+        .map(|n| {
+            FixedWindowPolicy::new(
+                PolicyId::new(&format!("p{n}")).unwrap(),
+                ScopeId::new("s").unwrap(),
+                1,
+                Duration::from_secs(1),
+            )
+            .unwrap()
+        })
+        .collect();
+    let got = recorded(|| {
+        let observer = observer();
+        for _ in 0..2 {
+            for policy in &policies {
+                let check = AdmissionOperation::Check { policy: AdmissionPolicy::of(policy) };
+                observer.observe(&admission(
+                    check,
+                    AdmissionOutcome::Allowed,
+                    ConsumptionStatus::Consumed,
+                    1,
+                ));
+            }
+        }
+    });
+    for n in [0, runlimit_metrics::MAX_CACHED_LABEL_SETS - 1, runlimit_metrics::MAX_CACHED_LABEL_SETS + 4] {
+        let id = format!("p{n}");
+        let labels = [
+            ("backend", "memory"),
+            ("policy", id.as_str()),
+            ("scope", "s"),
+            ("operation", "check"),
+            ("outcome", "allowed"),
+            ("consumption", "consumed"),
+        ];
+        assert_eq!(got[&series(names::ADMISSIONS_TOTAL, &labels)], Value::Counter(2), "{id}");
+    }
 }

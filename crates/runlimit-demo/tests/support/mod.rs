@@ -263,3 +263,15 @@ pub fn assert_ratelimit(reply: &Reply, expected: &[(&str, u64, u64)], slack: u64
         assert!((window - slack..=*window).contains(&t), "t={t} outside its window in {value:?}");
     }
 }
+
+/// The series of `metric` in a Prometheus text scrape, as `labels -> value` (`labels` as
+/// rendered between the braces).
+pub fn scraped(body: &str, metric: &str) -> std::collections::BTreeMap<String, String> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix(metric)?.strip_prefix('{'))
+        .map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ").unwrap_or_else(|| panic!("a sample line: {rest}"));
+            (labels.to_owned(), value.to_owned())
+        })
+        .collect()
+}
