@@ -280,7 +280,10 @@ pub trait RateLimitPolicy: Send + Sync {
     fn capacity(&self) -> Capacity;
     /// Enforce or shadow.
     fn quota_mode(&self) -> QuotaMode;
-    /// The digest of every semantic parameter.
+    /// The digest of every semantic parameter: [`PolicyFingerprint::derive`] over this
+    /// policy's own [`id`](Self::id), [`scope`](Self::scope) and parameters. Backends key
+    /// storage on it and observers key their per-policy state on it, so two policies share a
+    /// fingerprint only when they share their identifier, scope and parameters.
     fn fingerprint(&self) -> &PolicyFingerprint;
 }
 

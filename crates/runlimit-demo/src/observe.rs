@@ -7,7 +7,8 @@ use runlimit_core::{
 use runlimit_metrics::{MetricsObserver, labels};
 
 /// The demo's observer: every observation is logged ([`TracingObserver`]) and recorded as
-/// metrics ([`MetricsObserver`], served on `GET /metrics`), under the same `backend` label.
+/// metrics ([`MetricsObserver`], served on `GET /metrics`), under the same `backend` label;
+/// the shard gauges also carry the store's name.
 #[derive(Clone, Debug)]
 pub struct DemoObserver {
     tracing: TracingObserver,
@@ -15,10 +16,15 @@ pub struct DemoObserver {
 }
 
 impl DemoObserver {
-    /// An observer labelling its events and metrics with `backend`.
+    /// An observer labelling its events and metrics with `backend`, and its shard gauges
+    /// with `store` (the gate the store serves: `login-client`, `login-identity`, `items`,
+    /// `login-attempts`).
     #[must_use]
-    pub fn new(backend: &'static str) -> Self {
-        Self { tracing: TracingObserver::new(backend), metrics: MetricsObserver::new(backend) }
+    pub fn new(backend: &'static str, store: &'static str) -> Self {
+        Self {
+            tracing: TracingObserver::new(backend),
+            metrics: MetricsObserver::new(backend).with_store(store),
+        }
     }
 }
 

@@ -142,13 +142,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
-    let observer = DemoObserver::new("memory");
-    let client = Arc::new(MemoryStore::builder(config).with_observer(observer.clone()).build());
+    let memory = |store| DemoObserver::new("memory", store);
+    let client = Arc::new(MemoryStore::builder(config).with_observer(memory("login-client")).build());
     let (identity, items, attempts) = match &args.database_url {
         None => (
-            IdentityLimiter::Memory(MemoryStore::builder(config).with_observer(observer.clone()).build()),
-            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(observer.clone()).build()),
-            LoginAttempts::Memory(MemoryAttemptLimiter::builder(config).with_observer(observer).build()),
+            IdentityLimiter::Memory(
+                MemoryStore::builder(config).with_observer(memory("login-identity")).build(),
+            ),
+            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(memory("items")).build()),
+            LoginAttempts::Memory(
+                MemoryAttemptLimiter::builder(config).with_observer(memory("login-attempts")).build(),
+            ),
         ),
         Some(url) => {
             let pool = PgPoolOptions::new()
@@ -157,12 +161,12 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
                 .connect(url)
                 .await
                 .map_err(|source| RunError::Connect { source })?;
-            let postgres = DemoObserver::new("postgres");
-            let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres.clone());
+            let postgres = |store| DemoObserver::new("postgres", store);
+            let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres("login-identity"));
             identity.migrate().await.map_err(|source| RunError::Migrate { source })?;
-            let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres.clone());
+            let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres("items"));
             items.migrate().await.map_err(|source| RunError::Migrate { source })?;
-            let attempts = PostgresAttemptLimiter::new(pool).with_observer(postgres);
+            let attempts = PostgresAttemptLimiter::new(pool).with_observer(postgres("login-attempts"));
             attempts.migrate().await.map_err(|source| RunError::Migrate { source })?;
             tracing::info!("runlimit-postgres migrations applied");
             (
@@ -203,16 +207,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let metrics = install_metrics()?;
     let backends = backends(&args).await?;
     let label = backends.label();
-    let upkeep = {
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(METRICS_UPKEEP);
-            loop {
-                interval.tick().await;
-                metrics.run_upkeep();
-            }
-        })
-    };
+    let upkeep = metrics.clone();
     let app = App::new(gates, backends, hasher, args.trusted_proxies.clone(), DemoUsers::default(), metrics);
 
     let listener = TcpListener::bind(args.listen)
@@ -230,6 +225,13 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         "serving"
     );
 
+    let upkeep = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(METRICS_UPKEEP);
+        loop {
+            interval.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     let maintenance =
         app.backends().spawn_maintenance(Duration::from_secs(args.cleanup_interval_secs.max(1)));
     let served = axum::serve(listener, router(app).into_make_service_with_connect_info::<SocketAddr>())

@@ -174,24 +174,41 @@ async fn two_replicas_share_the_identity_quota_and_the_items_burst_and_keep_thei
     // A's own metrics: the PostgreSQL gates it checked (the other replica's are its own).
     let reply = http.get(&a.url("/metrics"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let admissions = scraped(&reply.body, "runlimit_admissions_total");
-    let postgres = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
-        let labels = format!(
-            r#"backend="postgres",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
-        );
-        admissions.get(&labels).cloned()
+    // Exactly these `backend="postgres"` series, with these counts: identity, alice 3 allowed
+    // and 1 refused, bob 1 allowed (his second login stopped at A's client gate); items 2
+    // allowed and 1 refused; 4 password checks admitted, 4 successes.
+    let postgres = |metric: &str| {
+        scraped(&reply.body, metric)
+            .into_iter()
+            .filter(|(labels, _)| labels.starts_with(r#"backend="postgres","#))
+            .collect::<std::collections::BTreeMap<String, String>>()
     };
-    // Identity: alice 3 allowed and 1 refused, bob 1 allowed (his second login stopped at A's
-    // client gate); items: 2 allowed, 1 refused.
-    assert_eq!(
-        postgres("demo.login", "identity", "allowed", "consumed").as_deref(),
-        Some("4"),
-        "{}",
-        reply.body
-    );
-    assert_eq!(postgres("demo.login", "identity", "quota_exceeded", "not_consumed").as_deref(), Some("1"));
-    assert_eq!(postgres("demo.items", "client", "allowed", "consumed").as_deref(), Some("2"));
-    assert_eq!(postgres("demo.items", "client", "quota_exceeded", "not_consumed").as_deref(), Some("1"));
+    let check = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
+        format!(
+            r#"backend="postgres",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
+        )
+    };
+    let expected: std::collections::BTreeMap<String, String> = [
+        (check("demo.login", "identity", "allowed", "consumed"), "4"),
+        (check("demo.login", "identity", "quota_exceeded", "not_consumed"), "1"),
+        (check("demo.items", "client", "allowed", "consumed"), "2"),
+        (check("demo.items", "client", "quota_exceeded", "not_consumed"), "1"),
+    ]
+    .into_iter()
+    .map(|(labels, value)| (labels, value.to_owned()))
+    .collect();
+    assert_eq!(postgres("runlimit_admissions_total"), expected, "{}", reply.body);
+    let attempt = |operation: &str, event: &str| {
+        format!(
+            r#"backend="postgres",policy="demo.login",scope="attempt",operation="{operation}",event="{event}""#
+        )
+    };
+    let expected: std::collections::BTreeMap<String, String> =
+        [(attempt("admission", "admitted"), "4"), (attempt("complete_success", "completed_success"), "4")]
+            .into_iter()
+            .map(|(labels, value)| (labels, value.to_owned()))
+            .collect();
+    assert_eq!(postgres("runlimit_attempts_total"), expected, "{}", reply.body);
 
     // One GCRA row (one client: 127.0.0.1) in PostgreSQL.
     let rows: i64 =

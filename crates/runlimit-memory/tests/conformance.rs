@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use runlimit_conformance::{AttemptBackend, QuotaBackend};
 use runlimit_core::{
-    AttemptSubject, FixedWindowPolicy, GcraPolicy, KeyHasher, Observer, SubjectKey,
+    AttemptSubject, BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, KeyHasher, Limiter,
+    Observer, PolicySubject, QuotaControl, QuotaSnapshot, SubjectKey,
     attempts::{AttemptCompletionResult, AttemptDecision, AttemptObserver, AttemptOutcome, AttemptPolicy},
 };
 use runlimit_memory::{
     DEFAULT_MAXIMUM_BATCH_SIZE, ManualClock, MemoryAlgorithm, MemoryAttemptLimiter, MemoryAttemptReceipt,
-    MemoryStoreConfig, ShardedStore,
+    MemoryStoreConfig, PoisonedShardError, ShardedStore,
 };
 
 /// Room for every key an unbounded scenario stores (the largest uses `MAX_BATCH_SIZE + 1`).
@@ -25,17 +26,63 @@ fn config(max_keys: usize) -> MemoryStoreConfig {
     MemoryStoreConfig::new(max_keys).expect("a valid memory store configuration")
 }
 
-/// The observer every store under the suite reports to: `()` unless a scenario installs its own.
+/// An observer a scenario installs ([`QuotaBackend::observed`]).
 type QuotaObserver = Arc<dyn Observer>;
 
-/// The attempt observer every limiter under the suite reports to.
+/// An attempt observer a scenario installs ([`AttemptBackend::observed`]).
 type AttemptsObserver = Arc<dyn AttemptObserver>;
+
+/// The store under test: without an observer, as every scenario runs it unless it installs
+/// one, so the suite covers the path on which no observation is built.
+enum Store<P> {
+    Plain(ShardedStore<P, ManualClock>),
+    Observed(ShardedStore<P, ManualClock, QuotaObserver>),
+}
+
+impl<P: MemoryAlgorithm> Limiter for Store<P> {
+    type Policy = P;
+    type CheckError = P::CheckError;
+    type CheckAllError = P::BatchError;
+
+    async fn check(&self, check: &Check<'_, P>) -> Result<Decision, P::CheckError> {
+        match self {
+            Self::Plain(store) => store.check(check),
+            Self::Observed(store) => store.check(check),
+        }
+    }
+
+    async fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, P::BatchError> {
+        match self {
+            Self::Plain(store) => store.check_all(checks),
+            Self::Observed(store) => store.check_all(checks),
+        }
+    }
+}
+
+impl<P: MemoryAlgorithm> QuotaControl for Store<P> {
+    type PeekError = P::CheckError;
+    type ResetError = PoisonedShardError;
+
+    async fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, P::CheckError> {
+        match self {
+            Self::Plain(store) => store.peek(subject),
+            Self::Observed(store) => store.peek(subject),
+        }
+    }
+
+    async fn reset(&self, subject: PolicySubject<'_, P>) -> Result<bool, PoisonedShardError> {
+        match self {
+            Self::Plain(store) => store.reset(subject),
+            Self::Observed(store) => store.reset(subject),
+        }
+    }
+}
 
 /// A memory quota store (`P` = [`FixedWindowPolicy`]: a `MemoryStore`; [`GcraPolicy`]: a
 /// `GcraStore`) on a manual clock.
 struct MemoryQuota<P> {
     clock: ManualClock,
-    store: ShardedStore<P, ManualClock, QuotaObserver>,
+    store: Store<P>,
 }
 
 /// A `MemoryStore<ManualClock>` under test.
@@ -45,18 +92,14 @@ type MemoryFixedWindow = MemoryQuota<FixedWindowPolicy>;
 type MemoryGcra = MemoryQuota<GcraPolicy>;
 
 impl<P: MemoryAlgorithm> MemoryQuota<P> {
-    fn store(
-        clock: &ManualClock,
-        max_keys: usize,
-        observer: QuotaObserver,
-    ) -> ShardedStore<P, ManualClock, QuotaObserver> {
-        ShardedStore::<P>::builder(config(max_keys)).with_clock(clock.clone()).with_observer(observer).build()
+    fn store(clock: &ManualClock, max_keys: usize) -> Store<P> {
+        Store::Plain(ShardedStore::<P>::builder(config(max_keys)).with_clock(clock.clone()).build())
     }
 }
 
 impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
     type Policy = P;
-    type Limiter = ShardedStore<P, ManualClock, QuotaObserver>;
+    type Limiter = Store<P>;
 
     const MAX_BATCH_SIZE: usize = DEFAULT_MAXIMUM_BATCH_SIZE;
     const REPORTS_STORAGE_RETRY: bool = true;
@@ -66,7 +109,7 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
         F: AsyncFnOnce(&mut Self),
     {
         let clock = ManualClock::new();
-        let mut backend = Self { store: Self::store(&clock, ROOMY, Arc::new(())), clock };
+        let mut backend = Self { store: Self::store(&clock, ROOMY), clock };
         futures_executor::block_on(scenario(&mut backend));
     }
 
@@ -75,11 +118,12 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
     }
 
     async fn bounded(&mut self, keys_per_shard: usize) {
-        self.store = Self::store(&self.clock, keys_per_shard, Arc::new(()));
+        self.store = Self::store(&self.clock, keys_per_shard);
     }
 
     async fn observed(&mut self, observer: Arc<dyn Observer>) {
-        self.store = Self::store(&self.clock, ROOMY, observer);
+        let builder = ShardedStore::<P>::builder(config(ROOMY)).with_clock(self.clock.clone());
+        self.store = Store::Observed(builder.with_observer(observer).build());
     }
 
     fn subjects_in_one_shard(&self, count: usize) -> Vec<SubjectKey> {
@@ -99,19 +143,18 @@ impl<P: MemoryAlgorithm> QuotaBackend for MemoryQuota<P> {
 /// A `MemoryAttemptLimiter<ManualClock>` under test.
 struct MemoryAttempts {
     clock: ManualClock,
-    limiter: MemoryAttemptLimiter<ManualClock, AttemptsObserver>,
+    limiter: Attempts,
+}
+
+/// The attempt limiter under test: without an observer unless a scenario installs one.
+enum Attempts {
+    Plain(MemoryAttemptLimiter<ManualClock>),
+    Observed(MemoryAttemptLimiter<ManualClock, AttemptsObserver>),
 }
 
 impl MemoryAttempts {
-    fn limiter(
-        clock: &ManualClock,
-        max_keys: usize,
-        observer: AttemptsObserver,
-    ) -> MemoryAttemptLimiter<ManualClock, AttemptsObserver> {
-        MemoryAttemptLimiter::builder(config(max_keys))
-            .with_clock(clock.clone())
-            .with_observer(observer)
-            .build()
+    fn limiter(clock: &ManualClock, max_keys: usize) -> Attempts {
+        Attempts::Plain(MemoryAttemptLimiter::builder(config(max_keys)).with_clock(clock.clone()).build())
     }
 }
 
@@ -123,20 +166,32 @@ impl AttemptBackend for MemoryAttempts {
         F: AsyncFnOnce(&mut Self),
     {
         let clock = ManualClock::new();
-        let mut backend = Self { limiter: Self::limiter(&clock, ROOMY, Arc::new(())), clock };
+        let mut backend = Self { limiter: Self::limiter(&clock, ROOMY), clock };
         futures_executor::block_on(scenario(&mut backend));
     }
 
     async fn acquire(&mut self, subject: &AttemptSubject<'_>) -> AttemptDecision<Self::Receipt> {
-        self.limiter.acquire(subject).expect("the attempt limiter's shard is healthy")
+        match &self.limiter {
+            Attempts::Plain(limiter) => limiter.acquire(subject),
+            Attempts::Observed(limiter) => limiter.acquire(subject),
+        }
+        .expect("the attempt limiter's shard is healthy")
     }
 
     async fn complete(&mut self, receipt: Self::Receipt, outcome: AttemptOutcome) -> AttemptCompletionResult {
-        self.limiter.complete(receipt, outcome).expect("the attempt limiter's shard is healthy")
+        match &self.limiter {
+            Attempts::Plain(limiter) => limiter.complete(receipt, outcome),
+            Attempts::Observed(limiter) => limiter.complete(receipt, outcome),
+        }
+        .expect("the attempt limiter's shard is healthy")
     }
 
     async fn reset(&mut self, subject: &AttemptSubject<'_>) -> bool {
-        self.limiter.reset(subject).expect("the attempt limiter's shard is healthy")
+        match &self.limiter {
+            Attempts::Plain(limiter) => limiter.reset(subject),
+            Attempts::Observed(limiter) => limiter.reset(subject),
+        }
+        .expect("the attempt limiter's shard is healthy")
     }
 
     async fn advance(&mut self, millis: u64) {
@@ -144,11 +199,12 @@ impl AttemptBackend for MemoryAttempts {
     }
 
     async fn bounded(&mut self, subjects_per_shard: usize) {
-        self.limiter = Self::limiter(&self.clock, subjects_per_shard, Arc::new(()));
+        self.limiter = Self::limiter(&self.clock, subjects_per_shard);
     }
 
     async fn observed(&mut self, observer: Arc<dyn AttemptObserver>) {
-        self.limiter = Self::limiter(&self.clock, ROOMY, observer);
+        let builder = MemoryAttemptLimiter::builder(config(ROOMY)).with_clock(self.clock.clone());
+        self.limiter = Attempts::Observed(builder.with_observer(observer).build());
     }
 
     fn subjects_in_one_shard(

@@ -22,6 +22,9 @@ pub const OUTCOME: &str = "outcome";
 pub const CONSUMPTION: &str = "consumption";
 /// The `event` label (attempt operations).
 pub const EVENT: &str = "event";
+/// The `store` label of the shard gauges: the name given to
+/// [`MetricsObserver::with_store`](crate::MetricsObserver::with_store).
+pub const STORE: &str = "store";
 /// The `shard` label: a memory shard's index, in decimal.
 pub const SHARD: &str = "shard";
 

@@ -39,8 +39,8 @@
 //! | `runlimit_admissions_total` | counter | `backend`, `policy`, `scope`, `operation`, `outcome`, `consumption` | `runlimit.admissions` (`{admission}`) |
 //! | `runlimit_batch_checks_total` | counter | `backend`, `outcome`, `consumption` | `runlimit.batch.checks` (`{check}`) |
 //! | `runlimit_admission_duration_seconds` | histogram | `backend`, `policy`, `scope`, `operation`, `outcome` | `runlimit.admission.duration` (`s`) |
-//! | `runlimit_shard_entries` | gauge | `backend`, `shard` | `runlimit.shard.entries` (`{entry}`) |
-//! | `runlimit_shard_capacity_entries` | gauge | `backend`, `shard` | `runlimit.shard.capacity` (`{entry}`) |
+//! | `runlimit_shard_entries` | gauge | `backend`, `store`, `shard` | `runlimit.shard.entries` (`{entry}`) |
+//! | `runlimit_shard_capacity_entries` | gauge | `backend`, `store`, `shard` | `runlimit.shard.capacity` (`{entry}`) |
 //! | `runlimit_cleanups_total` | counter | `backend`, `outcome` | `runlimit.cleanups` (`{cleanup}`) |
 //! | `runlimit_cleanup_removed_entries_total` | counter | `backend` | `runlimit.cleanup.removed` (`{entry}`) |
 //! | `runlimit_cleanup_duration_seconds` | histogram | `backend`, `outcome` | `runlimit.cleanup.duration` (`s`) |
@@ -55,9 +55,11 @@
 //!   `runlimit_admissions_total` with `operation="check"`; an atomic batch of any size adds 1
 //!   with `operation="batch"` (it was admitted or refused as one). A batch's `policy` and
 //!   `scope` are those of the one member its outcome singles out (the denied or shadow-denied
-//!   check), and empty (`""`, which Prometheus treats as an absent label) for an allowed,
-//!   invalid or failed batch. `runlimit_batch_checks_total` adds the batch's number of checks,
-//!   for the members.
+//!   check), and empty (`""`, which Prometheus treats as an absent label) when the
+//!   observation singles out no member (an allowed batch, and invalid or failed batches that
+//!   name none). `runlimit_batch_checks_total` adds the batch's number of checks, for the
+//!   members, except for a batch rejected as invalid (its size is whatever the caller sent,
+//!   and none of its checks was evaluated).
 //! - `consumption` is the backend's [`ConsumptionStatus`], not inferred from the outcome: a
 //!   shadow denial is admitted but `not_consumed`, and a failed PostgreSQL commit is
 //!   `may_have_been_consumed`, never `consumed`.
@@ -66,16 +68,23 @@
 //! - The shard gauges are set from the headroom a bounded memory store reports with each
 //!   admission (the touched shard; a batch's fullest shard): entries stored (live or expired
 //!   and not yet removed) and the shard's fixed capacity. `shard` is the shard's index, so
-//!   these series number at most the configured shard count per backend.
+//!   these series number at most the store's shard count. They are a sample, not an exact
+//!   count: observations run after the shard lock is released, so two concurrent admissions
+//!   on a shard may set the gauge out of order, and resets and cleanups do not set it; the
+//!   next admission on the shard corrects it. **Name each memory store** with
+//!   [`MetricsObserver::with_store`] when there are several: stores observed under the same
+//!   `backend` and `store` share their shard series.
 //! - A cleanup pass adds 1 to `runlimit_cleanups_total` and, when it confirmed a count, that
-//!   count to `runlimit_cleanup_removed_entries_total`.
+//!   count to `runlimit_cleanup_removed_entries_total`. Memory stores have no separate cleanup
+//!   pass: each admission removes expired entries of its shard, and reports that work as a
+//!   cleanup observation only when it removed at least one entry.
 //! - Each attempt admission, completion or reset adds 1 to `runlimit_attempts_total`.
 //!
 //! # Label values
 //!
 //! Labels come only from exhaustive enums and from configured identifiers, so the number of
 //! series does not grow with traffic: `backend` is the `&'static str` given to
-//! [`MetricsObserver::new`], `policy` and `scope` are the policy's validated
+//! [`MetricsObserver::new`] and `store` the one given to [`MetricsObserver::with_store`], `policy` and `scope` are the policy's validated
 //! [`PolicyId`](runlimit_core::PolicyId) and [`ScopeId`](runlimit_core::ScopeId), and every
 //! other value is one of the names in [`labels`]. No subject, key, digest, address or error text
 //! is ever a label value: observations do not carry them.
@@ -94,9 +103,18 @@
 //! once and keeps the handles: an observation hashes one small key (the policy fingerprint and
 //! the enum values), then updates atomics. Clones of an observer share its handles. At most
 //! [`MAX_CACHED_LABEL_SETS`] label sets per kind of metric are kept; observations beyond that
-//! (only possible with that many distinct policies) are recorded without a cache. The crate's
+//! are recorded without a cache. One policy has at most 36 admission label sets (2 operations ×
+//! 6 outcomes × 3 consumption statuses), and changing a policy's parameters changes its
+//! fingerprint, so a process reaches the bound only with about a hundred policies or
+//! configurations or more. Handles are keyed by the policy's fingerprint, which
+//! [`PolicyFingerprint::derive`] computes over the policy's identifier and scope, so one
+//! fingerprint always stands for one `policy` and `scope` label pair. The crate's
 //! `cargo bench` measures the cost on a memory-store check, with a Prometheus recorder
 //! installed versus no observer.
+//!
+//! Because handles are kept, do not let the exporter delete idle series (for
+//! `metrics-exporter-prometheus`, leave `idle_timeout` unset): a deleted series' handles no
+//! longer reach the registry, and it would not reappear.
 
 use std::{
     collections::HashMap,
@@ -130,6 +148,7 @@ pub const MAX_CACHED_LABEL_SETS: usize = 4_096;
 #[derive(Clone, Debug)]
 pub struct MetricsObserver {
     backend: &'static str,
+    store: &'static str,
     handles: Arc<Handles>,
 }
 
@@ -137,9 +156,8 @@ pub struct MetricsObserver {
 #[derive(Debug, Default)]
 struct Handles {
     admissions: Cache<AdmissionKey, AdmissionHandles>,
-    /// `runlimit_shard_entries` per shard; the capacity gauge is set once, when resolved (a
-    /// shard's capacity is fixed).
-    shards: Cache<usize, Gauge>,
+    /// `runlimit_shard_entries` and `runlimit_shard_capacity_entries`, per shard.
+    shards: Cache<usize, [Gauge; 2]>,
     cleanups: Cache<&'static str, [Counter; 2]>,
     cleanup_durations: Cache<&'static str, Histogram>,
     resets: Cache<(PolicyFingerprint, ResetOutcome), (Counter, Histogram)>,
@@ -165,8 +183,8 @@ struct AdmissionHandles {
 
 /// Handles kept per label set, up to [`MAX_CACHED_LABEL_SETS`].
 ///
-/// A lock poisoned by a panicking recorder is used as is: the map only ever holds complete
-/// entries.
+/// A poisoned lock is used as is: nothing that can panic runs under the write lock, and the map
+/// only ever holds complete entries.
 ///
 /// Keys are hashed with `foldhash` (hashbrown's default hasher, randomly seeded per cache):
 /// they are a policy fingerprint and enum values, so the flood resistance of the standard
@@ -203,11 +221,27 @@ impl<K: Hash + Eq, V> Cache<K, V> {
 
 impl MetricsObserver {
     /// An observer whose metrics carry `backend` as their `backend` label (for example
-    /// `"memory"`, `"postgres"`): a name the application chooses per store, from its
-    /// configuration, never from request data (hence `&'static str`).
+    /// `"memory"`, `"postgres"`): a name the application chooses from its configuration,
+    /// never from request data (hence `&'static str`).
     #[must_use]
     pub fn new(backend: &'static str) -> Self {
-        Self { backend, handles: Arc::default() }
+        Self { backend, store: "", handles: Arc::default() }
+    }
+
+    /// The same observer with `store` as the `store` label of its shard gauges, for an
+    /// application with several memory stores: each store's shards are then series of their
+    /// own (`store="login-client"`, `store="items"`), where stores observed without distinct
+    /// names would share them. Empty (`""`, an absent label) unless set. Handles kept so far
+    /// are not shared with the returned observer.
+    #[must_use]
+    pub fn with_store(self, store: &'static str) -> Self {
+        Self { backend: self.backend, store, handles: Arc::default() }
+    }
+
+    /// The `store` label of the shard gauges (`""` unless [`with_store`](Self::with_store)).
+    #[must_use]
+    pub const fn store(&self) -> &'static str {
+        self.store
     }
 
     /// The `backend` label.
@@ -269,9 +303,11 @@ impl MetricsObserver {
                     [common, vec![outcome.clone(), consumption.clone()]].concat()
                 ),
                 duration: metrics::histogram!(names::ADMISSION_DURATION_SECONDS, duration),
-                batch_checks: size.map(|_| {
-                    metrics::counter!(names::BATCH_CHECKS_TOTAL, vec![self.label(), outcome, consumption])
-                }),
+                batch_checks: size.filter(|_| admission.outcome() != AdmissionOutcome::InvalidBatch).map(
+                    |_| {
+                        metrics::counter!(names::BATCH_CHECKS_TOTAL, vec![self.label(), outcome, consumption])
+                    },
+                ),
             }
         };
         self.handles.admissions.with(key, resolve, |handles| {
@@ -283,13 +319,20 @@ impl MetricsObserver {
         });
         if let Some(headroom) = admission.shard_headroom() {
             let resolve = || {
-                let shard = vec![self.label(), Label::new(labels::SHARD, headroom.shard_index.to_string())];
-                metrics::gauge!(names::SHARD_CAPACITY_ENTRIES, shard.clone()).set(count(headroom.capacity));
-                metrics::gauge!(names::SHARD_ENTRIES, shard)
+                let shard = vec![
+                    self.label(),
+                    Label::from_static_parts(labels::STORE, self.store),
+                    Label::new(labels::SHARD, headroom.shard_index.to_string()),
+                ];
+                [
+                    metrics::gauge!(names::SHARD_ENTRIES, shard.clone()),
+                    metrics::gauge!(names::SHARD_CAPACITY_ENTRIES, shard),
+                ]
             };
-            self.handles
-                .shards
-                .with(headroom.shard_index, resolve, |entries| entries.set(count(headroom.entries)));
+            self.handles.shards.with(headroom.shard_index, resolve, |[entries, capacity]| {
+                entries.set(count(headroom.entries));
+                capacity.set(count(headroom.capacity));
+            });
         }
     }
 
@@ -333,7 +376,7 @@ impl MetricsObserver {
 }
 
 /// The `policy` and `scope` labels: the policy's identifiers, or empty values when an
-/// observation names no policy (an allowed, invalid or failed batch).
+/// observation names no policy (a batch that singles out no member).
 fn policy_labels(policy: Option<AdmissionPolicy<'_>>) -> [Label; 2] {
     match policy {
         Some(policy) => [

@@ -44,6 +44,28 @@ pub const SCALARS: &[&str] = &[
 pub const HISTOGRAMS: &[&str] =
     &[ADMISSION_DURATION_SECONDS, CLEANUP_DURATION_SECONDS, RESET_DURATION_SECONDS, ATTEMPT_DURATION_SECONDS];
 
+/// The label keys of each metric, in the order they are recorded.
+pub const LABELS: &[(&str, &[&str])] = &[
+    (ADMISSIONS_TOTAL, &["backend", "policy", "scope", "operation", "outcome", "consumption"]),
+    (BATCH_CHECKS_TOTAL, &["backend", "outcome", "consumption"]),
+    (ADMISSION_DURATION_SECONDS, &["backend", "policy", "scope", "operation", "outcome"]),
+    (SHARD_ENTRIES, &["backend", "store", "shard"]),
+    (SHARD_CAPACITY_ENTRIES, &["backend", "store", "shard"]),
+    (CLEANUPS_TOTAL, &["backend", "outcome"]),
+    (CLEANUP_REMOVED_ENTRIES_TOTAL, &["backend"]),
+    (CLEANUP_DURATION_SECONDS, &["backend", "outcome"]),
+    (RESETS_TOTAL, &["backend", "policy", "scope", "outcome"]),
+    (RESET_DURATION_SECONDS, &["backend", "policy", "scope", "outcome"]),
+    (ATTEMPTS_TOTAL, &["backend", "policy", "scope", "operation", "event"]),
+    (ATTEMPT_DURATION_SECONDS, &["backend", "policy", "scope", "operation", "event"]),
+];
+
+/// The label keys of `metric` (a name of this module), or `None` for any other name.
+#[must_use]
+pub fn labels_of(metric: &str) -> Option<&'static [&'static str]> {
+    LABELS.iter().find(|(name, _)| *name == metric).map(|(_, labels)| *labels)
+}
+
 /// Whether `series` is a Prometheus series name this crate's metrics render as: a counter or
 /// gauge name, or a histogram name, alone or followed by `_bucket`, `_sum` or `_count`.
 #[must_use]
