@@ -229,6 +229,26 @@ pub(crate) fn maintenance_failure(
     }
 }
 
+/// Runs a maintenance script (a cleanup pass or a reset) whose `DELETE` is statement number
+/// `delete_statement`: a failure before it is in [`MaintenancePhase::Begin`] (nothing was
+/// deleted), from it on in [`MaintenancePhase::Delete`].
+pub(crate) async fn run_maintenance(
+    connection: &mut PgConnection,
+    sql: String,
+    deadline: Deadline,
+    delete_statement: usize,
+    timeout: Duration,
+) -> Result<script::ScriptOutput, MaintenanceError> {
+    script::run(connection, sql, deadline).await.map_err(|error| {
+        let phase = if error.completed < delete_statement {
+            MaintenancePhase::Begin
+        } else {
+            MaintenancePhase::Delete
+        };
+        maintenance_failure(error.failure, phase, timeout)
+    })
+}
+
 /// Runs one cleanup pass in its own transaction: acquires a pooled connection within the pool
 /// acquisition timeout and gives `work` a fresh operation deadline. `work` returns how many
 /// rows it deleted (`Some`: `COMMIT`, classifying a failed commit by whether it may have

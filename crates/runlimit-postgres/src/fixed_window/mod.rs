@@ -31,7 +31,7 @@ use crate::{
     observe::Evaluated,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
     store::sealed::{Algorithm, Internal},
-    transaction::{self, Plan, check_failure, maintenance_failure},
+    transaction::{self, Plan, check_failure},
 };
 
 /// Domain tag of the advisory-lock id derivation. See [`lock_id`].
@@ -381,14 +381,8 @@ impl Algorithm for FixedWindowPolicy {
         sql.push_str(&sql::lock(config.server_timeout_millis(), &[lock_id(key)]));
         sql.push_str(&sql::reset(key));
         let delete_statement = script::BEGIN_STATEMENTS + 1;
-        let output = script::run(connection, sql, deadline).await.map_err(|error| {
-            let phase = if error.completed < delete_statement {
-                MaintenancePhase::Begin
-            } else {
-                MaintenancePhase::Delete
-            };
-            maintenance_failure(error.failure, phase, timeout)
-        })?;
+        let output =
+            transaction::run_maintenance(connection, sql, deadline, delete_statement, timeout).await?;
         let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
         let row = output.only_row(delete_statement).ok_or_else(|| bad("expected one reset row"))?;
         let expires_us: Option<i64> =
@@ -414,14 +408,8 @@ impl Algorithm for FixedWindowPolicy {
             sql.push_str(&script::settings(config.server_timeout_millis()));
             sql.push_str(&sql::cleanup(maximum_rows));
             let delete_statement = script::BEGIN_STATEMENTS + 1;
-            let output = script::run(connection, sql, deadline).await.map_err(|error| {
-                let phase = if error.completed < delete_statement {
-                    MaintenancePhase::Begin
-                } else {
-                    MaintenancePhase::Delete
-                };
-                maintenance_failure(error.failure, phase, timeout)
-            })?;
+            let output =
+                transaction::run_maintenance(connection, sql, deadline, delete_statement, timeout).await?;
             transaction::removed_rows(output.only_row(delete_statement), maximum_rows).map(Some)
         })
         .await

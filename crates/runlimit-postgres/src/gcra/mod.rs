@@ -350,14 +350,8 @@ impl Algorithm for GcraPolicy {
         sql.push_str(&sql::reset(key));
         let lock_statement = script::BEGIN_STATEMENTS + 1;
         let delete_statement = lock_statement + 1;
-        let output = script::run(connection, sql, deadline).await.map_err(|error| {
-            let phase = if error.completed < delete_statement {
-                MaintenancePhase::Begin
-            } else {
-                MaintenancePhase::Delete
-            };
-            maintenance_failure(error.failure, phase, timeout)
-        })?;
+        let output =
+            transaction::run_maintenance(connection, sql, deadline, delete_statement, timeout).await?;
         let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
         let get = |row: &sqlx::postgres::PgRow, name: &str| -> Result<Option<i64>, MaintenanceError> {
             row.try_get(name).map_err(|_| bad("undecodable column"))
