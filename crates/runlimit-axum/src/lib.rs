@@ -60,8 +60,7 @@
 //!     };
 //!
 //!     Ok(Router::new()
-//!         .route("/login", post(login))
-//!         .route_layer(RateLimitLayer::new(limiter, client, client_key, reject)))
+//!         .route("/login", post(login).route_layer(RateLimitLayer::new(limiter, client, client_key, reject))))
 //! }
 //!
 //! async fn login(Extension(admissions): Extension<Admissions>) -> String {
@@ -98,8 +97,79 @@
 //! capacity, and the shared per-identity gate inside it. An outer gate that denies stops the
 //! request before any inner gate is checked or consumes anything.
 //!
-//! Use axum's `Router::route_layer` for a per-route gate so unmatched paths (404) consume no
-//! quota; `Router::layer` also gates the fallback.
+//! # Which requests a gate sees
+//!
+//! Put a per-route gate on the **method router**: `.route("/login",
+//! post(login).route_layer(gate))`. Then only a request the route serves reaches the gate:
+//! unmatched paths (404), unmatched methods (405) and CORS preflights (`OPTIONS`) consume no
+//! quota. Two tempting alternatives do consume it:
+//!
+//! - `Router::new().route("/login", post(login)).route_layer(gate)` wraps the whole method
+//!   router, including the 405 it answers for other methods: with a limit of 2, two browser
+//!   preflights exhaust the login quota and the real `POST`s then get 429.
+//! - `Router::layer(gate)` also gates the router's fallback, so 404s consume quota too.
+//!
+//! For a browser-facing route, add `tower_http::cors::CorsLayer` **outside** the gates, with
+//! `Router::layer` after the routes: it answers preflights itself, before any gate, and it adds
+//! the CORS headers to every response coming back through it, a gate's 429 included, so the
+//! browser lets the page read the refusal and its `Retry-After`:
+//!
+//! ```text
+//! Router::new()
+//!     .route("/login", post(login).route_layer(gate))
+//!     .layer(CorsLayer::new().allow_origin(origin).allow_methods([Method::POST]))
+//! ```
+//!
+//! # Tower contracts
+//!
+//! The layer works in any Tower stack, not only Axum. Every clone of the service (servers
+//! make one per connection) shares the layer's limiter, policy, extractor and mapper through
+//! one `Arc`, so quota is counted once across connections. `poll_ready` only forwards the
+//! inner service's readiness: quota is checked in the response future, after the inner
+//! service is ready, and never awaited as back-pressure. Dropping a response future (a client
+//! that disconnects, a timeout layer) never leaves the limiter inconsistent: while the check
+//! runs, dropping it cancels the check as the backend documents (a memory check is atomic; a
+//! PostgreSQL check dropped before its commit rolls back, and one dropped during the commit
+//! may have consumed quota, as its cancel-safety section says); once the check has admitted
+//! the request, the admission stands, whether or not the inner service finished.
+//!
+//! # gRPC (tonic)
+//!
+//! A tonic server takes the layer with `Server::builder().layer(gate)`; the mapper's
+//! response type is then `http::Response<tonic::body::Body>`, which `tonic::Status::into_http`
+//! builds. gRPC has its own conventions, and the mapping stays the application's:
+//!
+//! - key from request metadata (HTTP/2 headers, in `Parts::headers`), never from the
+//!   message: the layer runs before tonic decodes it;
+//! - a quota denial as `RESOURCE_EXHAUSTED` (code 8) with a `google.rpc.RetryInfo` detail
+//!   whose `retry_delay` is the denial's `retry_after` (`tonic_types::ErrorDetails::with_retry_info`),
+//!   and the draft-11 fields as response metadata. An HTTP 429 reaches gRPC clients as
+//!   `UNAVAILABLE`, which they retry immediately;
+//! - storage-capacity denials and backend errors as `UNAVAILABLE` (failing closed), a missing
+//!   key as `UNAUTHENTICATED`.
+//!
+//! ```
+//! use runlimit_axum::RateLimitRejection;
+//! use runlimit_core::{Denial, FixedWindowPolicy};
+//! use tonic::{Code, Status};
+//! use tonic_types::{ErrorDetails, StatusExt};
+//!
+//! fn reject<C>(rejection: RateLimitRejection<FixedWindowPolicy, &'static str, C>) -> http::Response<tonic::body::Body> {
+//!     let status = match rejection {
+//!         RateLimitRejection::Denied { denial: Denial::QuotaExceeded(quota), .. } => Status::with_error_details(
+//!             Code::ResourceExhausted,
+//!             "quota exhausted",
+//!             ErrorDetails::with_retry_info(Some(quota.retry_after().duration())),
+//!         ),
+//!         RateLimitRejection::Denied { denial: Denial::StorageCapacity { .. }, .. }
+//!         | RateLimitRejection::Backend { .. } => Status::unavailable("rate limiting unavailable"),
+//!         RateLimitRejection::Extraction { error, .. } => Status::unauthenticated(error),
+//!         RateLimitRejection::InvalidCost { error, .. } => Status::invalid_argument(error.to_string()),
+//!     };
+//!     status.into_http()
+//! }
+//! # let _ = reject::<std::io::Error>;
+//! ```
 //!
 //! # Passing admissions to handlers
 //!

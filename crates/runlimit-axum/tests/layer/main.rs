@@ -1,5 +1,7 @@
 //! runlimit-axum: `Router::oneshot` and `ServiceBuilder` tests, and real HTTP over loopback.
 
+mod contracts;
+mod cors;
 mod memory;
 mod real_http;
 mod router;
