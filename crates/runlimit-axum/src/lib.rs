@@ -105,19 +105,44 @@
 //! quota. Two tempting alternatives do consume it:
 //!
 //! - `Router::new().route("/login", post(login)).route_layer(gate)` wraps the whole method
-//!   router, including the 405 it answers for other methods: with a limit of 2, two browser
-//!   preflights exhaust the login quota and the real `POST`s then get 429.
+//!   router, including the 405 it answers for other methods: with a limit of 2, two `GET
+//!   /login` (or `OPTIONS` requests, when no CORS layer answers them) exhaust the login quota
+//!   and the real `POST`s then get 429.
 //! - `Router::layer(gate)` also gates the router's fallback, so 404s consume quota too.
 //!
 //! For a browser-facing route, add `tower_http::cors::CorsLayer` **outside** the gates, with
 //! `Router::layer` after the routes: it answers preflights itself, before any gate, and it adds
-//! the CORS headers to every response coming back through it, a gate's 429 included, so the
-//! browser lets the page read the refusal and its `Retry-After`:
+//! the CORS headers to every response coming back through it, a gate's 429 included. Expose the
+//! rate-limit fields, which are not CORS-safelisted response headers, so that the page can
+//! read them, and allow the request headers the route needs (`content-type` for JSON):
 //!
-//! ```text
-//! Router::new()
-//!     .route("/login", post(login).route_layer(gate))
-//!     .layer(CorsLayer::new().allow_origin(origin).allow_methods([Method::POST]))
+//! ```
+//! use axum::{Router, routing::post};
+//! use http::{HeaderName, Method, header};
+//! use tower_http::cors::CorsLayer;
+//!
+//! fn browser_facing<L: tower_layer::Layer<axum::routing::Route> + Clone + Send + Sync + 'static>(gate: L) -> Router
+//! where
+//!     L::Service: tower_service::Service<axum::extract::Request, Response = axum::response::Response, Error = std::convert::Infallible>
+//!         + Clone + Send + Sync + 'static,
+//!     <L::Service as tower_service::Service<axum::extract::Request>>::Future: Send + 'static,
+//! {
+//!     let cors = CorsLayer::new()
+//!         .allow_origin(http::HeaderValue::from_static("https://app.example"))
+//!         .allow_methods([Method::POST])
+//!         .allow_headers([header::CONTENT_TYPE])
+//!         .expose_headers([
+//!             header::RETRY_AFTER,
+//!             HeaderName::from_static("ratelimit"),
+//!             HeaderName::from_static("ratelimit-policy"),
+//!         ]);
+//!     Router::new().route("/login", post(login).route_layer(gate)).layer(cors)
+//! }
+//!
+//! async fn login() -> &'static str {
+//!     "welcome"
+//! }
+//! # let _ = browser_facing::<tower_layer::Identity>;
 //! ```
 //!
 //! # Tower contracts
@@ -135,16 +160,25 @@
 //!
 //! # gRPC (tonic)
 //!
-//! A tonic server takes the layer with `Server::builder().layer(gate)`; the mapper's
-//! response type is then `http::Response<tonic::body::Body>`, which `tonic::Status::into_http`
-//! builds. gRPC has its own conventions, and the mapping stays the application's:
+//! The layer wraps a tonic service as it wraps an Axum route; the mapper's response type is
+//! then `http::Response<tonic::body::Body>`, which `tonic::Status::into_http` builds.
+//!
+//! Gate one service, not the server: with the `tonic` feature, `RateLimit` keeps the wrapped
+//! service's gRPC name, so `Server::builder().add_service(ServiceBuilder::new().layer(gate)
+//! .service(ItemsServer::new(items)))` gates the `Items` calls only. `Server::builder()
+//! .layer(gate)` instead gates every call the server receives, including health checks and
+//! calls to methods that do not exist (answered `UNIMPLEMENTED`, after consuming quota): the
+//! gRPC counterpart of a 404 behind a router-wide gate.
+//!
+//! gRPC has its own conventions, and the mapping stays the application's:
 //!
 //! - key from request metadata (HTTP/2 headers, in `Parts::headers`), never from the
 //!   message: the layer runs before tonic decodes it;
 //! - a quota denial as `RESOURCE_EXHAUSTED` (code 8) with a `google.rpc.RetryInfo` detail
 //!   whose `retry_delay` is the denial's `retry_after` (`tonic_types::ErrorDetails::with_retry_info`),
 //!   and the draft-11 fields as response metadata. An HTTP 429 reaches gRPC clients as
-//!   `UNAVAILABLE`, which they retry immediately;
+//!   `UNAVAILABLE`, a transient failure that a client with a retry policy retries on its own
+//!   backoff, without the server's delay;
 //! - storage-capacity denials and backend errors as `UNAVAILABLE` (failing closed), a missing
 //!   key as `UNAUTHENTICATED`.
 //!
@@ -161,8 +195,14 @@
 //!             "quota exhausted",
 //!             ErrorDetails::with_retry_info(Some(quota.retry_after().duration())),
 //!         ),
-//!         RateLimitRejection::Denied { denial: Denial::StorageCapacity { .. }, .. }
-//!         | RateLimitRejection::Backend { .. } => Status::unavailable("rate limiting unavailable"),
+//!         RateLimitRejection::Denied { denial: Denial::StorageCapacity { retry_after }, .. } => {
+//!             Status::with_error_details(
+//!                 Code::Unavailable,
+//!                 "rate-limit storage is full",
+//!                 ErrorDetails::with_retry_info(retry_after.map(|delay| delay.duration())),
+//!             )
+//!         }
+//!         RateLimitRejection::Backend { .. } => Status::unavailable("rate limiting unavailable"),
 //!         RateLimitRejection::Extraction { error, .. } => Status::unauthenticated(error),
 //!         RateLimitRejection::InvalidCost { error, .. } => Status::invalid_argument(error.to_string()),
 //!     };
@@ -218,7 +258,10 @@
 //!
 //! | Feature | Default | What it enables |
 //! |---|---|---|
-//! | — | — | This crate has no optional features; it depends on `tower-layer`, `tower-service` and `http`, not on `axum` itself. |
+//! | `tonic` | no | [`RateLimit`] implements `tonic::server::NamedService` for a named inner service, so one gRPC service can be gated on its own (see [gRPC](#grpc-tonic)). |
+//!
+//! Without features the crate depends on `tower-layer`, `tower-service` and `http`, not on
+//! `axum` or `tonic` itself.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]

@@ -102,6 +102,15 @@ where
     }
 }
 
+/// With the `tonic` feature: a gated gRPC service keeps the wrapped service's name, so it can
+/// be added to a tonic server on its own (`Server::builder().add_service(gated)`), leaving the
+/// server's other services (health checks, reflection) ungated.
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl<S: tonic::server::NamedService, L: Limiter, K, M> tonic::server::NamedService for RateLimit<S, L, K, M> {
+    const NAME: &'static str = S::NAME;
+}
+
 /// Appends `admission` to the request's [`Admissions`], creating the extension if absent.
 pub(crate) fn record<B>(request: &mut Request<B>, admission: crate::Admission) {
     match request.extensions_mut().get_mut::<Admissions>() {

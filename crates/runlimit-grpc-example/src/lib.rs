@@ -8,26 +8,31 @@
 //! - **Rejections** ([`reject`]): gRPC conventions, not HTTP ones. A quota denial is
 //!   `RESOURCE_EXHAUSTED` (8) with a `google.rpc.RetryInfo` detail whose `retry_delay` is the
 //!   denial's exact `retry_after`, plus the draft-11 `ratelimit-policy` / `ratelimit` fields as
-//!   response metadata. An HTTP 429 would reach gRPC clients as `UNAVAILABLE`, which they retry
-//!   at once. A full store and a backend failure are `UNAVAILABLE` (14), failing closed; a
+//!   response metadata. An HTTP 429 would reach gRPC clients as `UNAVAILABLE`, a transient
+//!   failure that clients with a retry policy retry on their own backoff. A full store and a backend failure are `UNAVAILABLE` (14), failing closed; a
 //!   missing key is `UNAUTHENTICATED` (16); an impossible cost is `INVALID_ARGUMENT` (3). The
 //!   status choice is this application's, as `runlimit-axum` leaves every response format to
 //!   the application.
 //! - **Admitted calls** ([`Catalogue`]): the handler reads the layer's [`Admissions`] from the
 //!   request extensions and returns the same draft-11 fields as response metadata.
+//! - **One service gated, not the server**: with `runlimit-axum`'s `tonic` feature the gated
+//!   service keeps its gRPC name, so it is added to the server on its own and the server's
+//!   other services ([`Liveness`], health checks) and calls to unknown methods never reach
+//!   the gate.
 //!
 //! ```no_run
 //! # async fn serve(listener: tokio::net::TcpListener, hasher: runlimit_core::KeyHasher) -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
 //! use runlimit_core::{FixedWindowPolicy, PolicyId, ScopeId};
-//! use runlimit_grpc_example::{ApiKey, Catalogue, pb::items_server::ItemsServer, reject};
+//! use runlimit_grpc_example::{ApiKey, Catalogue, Liveness, pb::{items_server::ItemsServer, probe_server::ProbeServer}, reject};
 //!
 //! let store = Arc::new(runlimit_memory::MemoryStore::new(runlimit_memory::MemoryStoreConfig::new(10_000)?));
 //! let policy = FixedWindowPolicy::new(PolicyId::new("items")?, ScopeId::new("api-key")?, 100, Duration::from_secs(60))?;
 //! let gate = runlimit_axum::RateLimitLayer::new(store, policy, ApiKey::new(hasher), reject);
+//! let items = tower::ServiceBuilder::new().layer(gate).service(ItemsServer::new(Catalogue::default()));
 //! tonic::transport::Server::builder()
-//!     .layer(gate)
-//!     .add_service(ItemsServer::new(Catalogue::default()))
+//!     .add_service(items)
+//!     .add_service(ProbeServer::new(Liveness))
 //!     .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
 //!     .await?;
 //! # Ok(())
@@ -173,5 +178,19 @@ impl pb::items_server::Items for Catalogue {
             *reply.metadata_mut() = MetadataMap::from_headers(headers);
         }
         Ok(reply)
+    }
+}
+
+/// The ungated liveness probe: answers every `Ping`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Liveness;
+
+#[tonic::async_trait]
+impl pb::probe_server::Probe for Liveness {
+    async fn ping(
+        &self,
+        _: tonic::Request<pb::PingRequest>,
+    ) -> Result<tonic::Response<pb::PingReply>, Status> {
+        Ok(tonic::Response::new(pb::PingReply {}))
     }
 }

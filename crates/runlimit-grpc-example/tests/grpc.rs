@@ -6,8 +6,11 @@ use std::{sync::Arc, time::Duration};
 use runlimit_axum::RateLimitLayer;
 use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId};
 use runlimit_grpc_example::{
-    API_KEY, ApiKey, Catalogue,
-    pb::{ListRequest, items_client::ItemsClient, items_server::ItemsServer},
+    API_KEY, ApiKey, Catalogue, Liveness,
+    pb::{
+        ListRequest, PingRequest, items_client::ItemsClient, items_server::ItemsServer,
+        probe_client::ProbeClient, probe_server::ProbeServer,
+    },
     reject,
 };
 use runlimit_memory::{ManualClock, MemoryStore, MemoryStoreConfig};
@@ -17,8 +20,8 @@ use tonic_types::StatusExt;
 const SECRET: &[u8] = b"grpc-example-test-secret-0123456789abcdef";
 
 /// Serves the catalogue behind a gate of 3 calls per 60 s per API key on 127.0.0.1:0, and
-/// returns a connected client, the catalogue (to count its calls) and the clock.
-async fn start() -> (ItemsClient<Channel>, Catalogue, ManualClock) {
+/// returns a connected client, the catalogue (to count its calls), the clock and the channel.
+async fn start() -> (ItemsClient<Channel>, Catalogue, ManualClock, Channel) {
     let clock = ManualClock::new();
     let config = MemoryStoreConfig::new(1_000).expect("valid config");
     let store = Arc::new(MemoryStore::builder(config).with_clock(clock.clone()).build());
@@ -34,9 +37,11 @@ async fn start() -> (ItemsClient<Channel>, Catalogue, ManualClock) {
     let catalogue = Catalogue::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let address = listener.local_addr().expect("bound address");
+    // Only the Items service is gated; the probe beside it is not.
+    let items = tower::ServiceBuilder::new().layer(gate).service(ItemsServer::new(catalogue.clone()));
     let server = tonic::transport::Server::builder()
-        .layer(gate)
-        .add_service(ItemsServer::new(catalogue.clone()))
+        .add_service(items)
+        .add_service(ProbeServer::new(Liveness))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(async move { server.await.expect("the server runs") });
     let channel = Channel::from_shared(format!("http://{address}"))
@@ -44,7 +49,7 @@ async fn start() -> (ItemsClient<Channel>, Catalogue, ManualClock) {
         .connect()
         .await
         .expect("connect");
-    (ItemsClient::new(channel), catalogue, clock)
+    (ItemsClient::new(channel.clone()), catalogue, clock, channel)
 }
 
 fn request(api_key: Option<&str>) -> tonic::Request<ListRequest> {
@@ -61,7 +66,7 @@ fn metadata<'a>(metadata: &'a tonic::metadata::MetadataMap, key: &str) -> Option
 
 #[tokio::test]
 async fn allowed_calls_carry_fields_then_resource_exhausted_with_the_exact_retry() {
-    let (mut client, catalogue, clock) = start().await;
+    let (mut client, catalogue, clock, _) = start().await;
     for remaining in [2, 1, 0] {
         let reply = client.list(request(Some("key-a"))).await.expect("admitted");
         assert_eq!(reply.get_ref().items, ["apple", "banana", "cherry"]);
@@ -92,7 +97,7 @@ async fn allowed_calls_carry_fields_then_resource_exhausted_with_the_exact_retry
 
 #[tokio::test]
 async fn a_call_without_an_api_key_is_unauthenticated_and_consumes_nothing() {
-    let (mut client, catalogue, _clock) = start().await;
+    let (mut client, catalogue, _, _) = start().await;
     let status = client.list(request(None)).await.expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated);
     assert_eq!(status.message(), "the request has no x-api-key metadata");
@@ -101,4 +106,21 @@ async fn a_call_without_an_api_key_is_unauthenticated_and_consumes_nothing() {
     assert_eq!(catalogue.calls(), 0);
     let reply = client.list(request(Some("key-a"))).await.expect("admitted");
     assert_eq!(metadata(reply.metadata(), "ratelimit"), Some(r#""items";r=2;t=60"#));
+}
+
+#[tokio::test]
+async fn the_ungated_service_beside_the_gate_consumes_nothing() {
+    let (mut client, catalogue, _, channel) = start().await;
+    let mut probe = ProbeClient::new(channel);
+    for _ in 0..5 {
+        // No API key: the probe never passes the Items gate, so nothing is required or spent.
+        probe.ping(PingRequest {}).await.expect("the probe answers");
+    }
+    let reply = client.list(request(Some("key-a"))).await.expect("admitted");
+    assert_eq!(
+        metadata(reply.metadata(), "ratelimit"),
+        Some(r#""items";r=2;t=60"#),
+        "the whole quota is left"
+    );
+    assert_eq!(catalogue.calls(), 1);
 }

@@ -23,10 +23,16 @@ fn app(limiter: &Arc<TestLimiter>, calls: &Calls, cors: bool) -> Router {
     let gate = RateLimitLayer::new(Arc::clone(limiter), policy("client", 2), peer, reject);
     let router = Router::new().route("/login", post(handler).route_layer(gate)).with_state(calls.clone());
     if cors {
+        // As the crate docs configure it.
         let cors = CorsLayer::new()
-            .allow_origin(ORIGIN.parse::<http::HeaderValue>().unwrap())
+            .allow_origin(http::HeaderValue::from_static(ORIGIN))
             .allow_methods([Method::POST])
-            .allow_headers([header::CONTENT_TYPE]);
+            .allow_headers([header::CONTENT_TYPE])
+            .expose_headers([
+                header::RETRY_AFTER,
+                http::HeaderName::from_static("ratelimit"),
+                http::HeaderName::from_static("ratelimit-policy"),
+            ]);
         router.layer(cors)
     } else {
         router
@@ -63,6 +69,7 @@ async fn preflights_405s_and_404s_consume_nothing_and_a_denial_keeps_its_cors_he
         assert_eq!(preflight.status(), StatusCode::OK);
         assert_eq!(preflight.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], ORIGIN);
         assert_eq!(preflight.headers()[header::ACCESS_CONTROL_ALLOW_METHODS], "POST");
+        assert_eq!(preflight.headers()[header::ACCESS_CONTROL_ALLOW_HEADERS], "content-type");
         assert!(preflight.headers().get("ratelimit").is_none());
     }
     // A GET on the POST-only route, and an unknown path.
@@ -85,6 +92,11 @@ async fn preflights_405s_and_404s_consume_nothing_and_a_denial_keeps_its_cors_he
     assert_eq!(denied.headers()[header::RETRY_AFTER], "60");
     assert_eq!(denied.headers()["ratelimit"], r#""auth.login-client";r=0;t=60"#);
     assert_eq!(denied.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], ORIGIN, "a browser can read the 429");
+    assert_eq!(
+        denied.headers()[header::ACCESS_CONTROL_EXPOSE_HEADERS],
+        "retry-after,ratelimit,ratelimit-policy",
+        "and its Retry-After and RateLimit fields"
+    );
     assert_eq!(limiter.checks(), 3);
     assert_eq!(calls.get(), 2);
 }

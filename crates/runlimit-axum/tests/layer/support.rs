@@ -71,11 +71,12 @@ impl std::error::Error for BackendDown {}
 
 impl TestLimiter {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Self {
-            counts: Mutex::default(),
-            mode: Mutex::new(Mode::Normal),
-            checks: AtomicUsize::new(0),
-        })
+        Arc::new(Self::owned())
+    }
+
+    /// A limiter to move into a layer by value (not shared through an `Arc` of the test's).
+    pub(crate) fn owned() -> Self {
+        Self { counts: Mutex::default(), mode: Mutex::new(Mode::Normal), checks: AtomicUsize::new(0) }
     }
 
     pub(crate) fn set_mode(&self, mode: Mode) {
