@@ -6,7 +6,7 @@ use runlimit_core::SubjectKey;
 /// Derives the opaque subject key a [`RateLimitLayer`](crate::RateLimitLayer) checks, from the
 /// request head and the layer's policy.
 ///
-/// Extraction is synchronous and sees only [`Parts`] (method, URI, headers, extensions),
+/// Extraction is synchronous and sees only [`Parts`](https://docs.rs/http/1/http/request/struct.Parts.html) (method, URI, headers, extensions),
 /// never the body, so an enforced denial is decided before the body is read. The extractor
 /// chooses *which subject* is counted; it cannot choose *the policy*: it returns an unbound
 /// [`SubjectKey`] and the layer binds it to its own configured policy with

@@ -12,7 +12,7 @@ use crate::{
     service::RateLimit,
 };
 
-/// A Tower [`Layer`] that checks every request against one policy before the inner service
+/// A Tower [`Layer`](https://docs.rs/tower-layer/0.3/tower_layer/trait.Layer.html) that checks every request against one policy before the inner service
 /// runs.
 ///
 /// Built from a limiter (any [`Limiter`], typically an `Arc` of a shared store), the policy

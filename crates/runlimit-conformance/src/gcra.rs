@@ -2,7 +2,7 @@
 //!
 //! Every scenario is generic over a [`QuotaBackend`] whose policy is [`GcraPolicy`], starts
 //! at 0 ms on a fresh backend and asserts exact values. The arithmetic is the exact
-//! scaled-integer form of [`runlimit_core::backend::gcra`] (`gcra.md` §3), for quota `Q` per
+//! scaled-integer form of [`runlimit_core::backend::gcra`], for quota `Q` per
 //! period `P` ms and burst `B`, with every instant scaled by `Q` (`now_s = now × Q`, the
 //! emission interval is then exactly `P`):
 //!
@@ -95,7 +95,7 @@ async fn run_vector<B: QuotaBackend<Policy = GcraPolicy>>(
     }
 }
 
-/// `gcra.md` §8 V1, Q = 10 per 1,000 ms, B = 20 (T = 100 ms): a rested key spends its whole
+/// reference vector V1 (`runlimit_core::backend::gcra`), Q = 10 per 1,000 ms, B = 20 (T = 100 ms): a rested key spends its whole
 /// burst at once, then exactly one unit per emission interval, without drift.
 ///
 /// Scaled by Q = 10: T = P = 1,000, B·P = 20,000. Hit k (1..=20) at 0 ms: cand = 1,000·k,
@@ -123,7 +123,7 @@ pub async fn vector_v1_burst_then_steady_rate_without_drift<B: QuotaBackend<Poli
     run_vector(backend, &gcra("gcra.v1", 10, 1_000, 20), &steps).await;
 }
 
-/// `gcra.md` §8 V2, Q = 3 per 1,000 ms, B = 2: the emission interval T = 333⅓ ms is not a
+/// reference vector V2 (`runlimit_core::backend::gcra`), Q = 3 per 1,000 ms, B = 2: the emission interval T = 333⅓ ms is not a
 /// whole number, and every reported duration rounds up to the next whole millisecond.
 ///
 /// Scaled by Q = 3: P = 1,000, B·P = 2,000. At 0: cand 1,000 → 1 left, replenish ⌈1,000/3⌉ =
@@ -146,7 +146,7 @@ pub async fn vector_v2_non_integer_emission_interval<B: QuotaBackend<Policy = Gc
     run_vector(backend, &gcra("gcra.v2", 3, 1_000, 2), &steps).await;
 }
 
-/// `gcra.md` §8 V3, Q = 1 per 60,000 ms, B = 1: one unit per minute, with the exact retry
+/// reference vector V3 (`runlimit_core::backend::gcra`), Q = 1 per 60,000 ms, B = 1: one unit per minute, with the exact retry
 /// counted down to the millisecond.
 ///
 /// Scaled by Q = 1 (milliseconds): at 0, cand 60,000 ≤ 60,000 → 0 left, replenish 60,000. At
@@ -164,7 +164,7 @@ pub async fn vector_v3_one_unit_per_minute<B: QuotaBackend<Policy = GcraPolicy>>
     run_vector(backend, &gcra("gcra.v3", 1, 60_000, 1), &steps).await;
 }
 
-/// `gcra.md` §8 V5, Q = 2 per 1,000 ms, B = 4 (T = 500 ms): a burst of four, then the
+/// reference vector V5 (`runlimit_core::backend::gcra`), Q = 2 per 1,000 ms, B = 4 (T = 500 ms): a burst of four, then the
 /// steady rate, and partial replenishment between units.
 ///
 /// Scaled by Q = 2: P = 1,000, B·P = 4,000. Hit k (1..=4) at 0: 4 − k left, replenish

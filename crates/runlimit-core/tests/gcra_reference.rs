@@ -1,5 +1,5 @@
 //! `runlimit_core::backend::gcra::evaluate` against a straightforward reference model in exact
-//! rationals: the real-valued formulas of `gcra.md` §2 with T = P/Q as a `BigRational`, then
+//! rationals: the real-valued GCRA formulas (T = P/Q, τ = (B − 1)·T) with T = P/Q as a `BigRational`, then
 //! `ceil`/`floor` only for reporting.
 //!
 //! Policies are random and valid (including Q or B = `MAX_LIMIT`, P = `MAX_WINDOW`, Q = 1,
@@ -48,7 +48,7 @@ enum Expected {
     },
 }
 
-/// `gcra.md` §2, verbatim in exact rationals (milliseconds).
+/// The real-valued GCRA formulas, verbatim in exact rationals (milliseconds).
 struct Reference {
     emission_interval: BigRational,
     burst: BigRational,
@@ -365,7 +365,7 @@ proptest! {
     }
 }
 
-/// The `gcra.md` §8 vectors through the reference model itself, so the model is pinned to
+/// The reference vectors of `runlimit_core::backend::gcra` through the reference model itself, so the model is pinned to
 /// the spec and not only to the evaluator.
 #[test]
 fn reference_model_reproduces_spec_vectors() {
@@ -445,7 +445,7 @@ fn reference_model_reproduces_spec_vectors() {
 }
 
 /// The largest policy at the largest clock reading: the reference and the evaluator agree
-/// without overflow (gcra.md §4).
+/// without overflow (see the Overflow section of `runlimit_core::backend::gcra`).
 #[test]
 fn extremes_agree() {
     for (quota, period, burst) in [

@@ -1,5 +1,5 @@
-//! The decision-model example of the spec (`runlimit.md`, "Decision::view() returns an
-//! exhaustive DecisionView"), also in the crate docs, copied verbatim, with the exact string
+//! The decision-model example ("Decision::view() returns an exhaustive DecisionView"), also in
+//! the crate docs, copied verbatim, with the exact string
 //! it produces for each of the four outcomes.
 
 use std::time::Duration;
@@ -85,7 +85,7 @@ fn storage_capacity() {
 
 #[test]
 fn from_real_gcra_outcomes() {
-    // gcra.md vector V2: Q = 3 per 1000 ms, burst 2.
+    // reference vector V2 (runlimit_core::backend::gcra): Q = 3 per 1000 ms, burst 2.
     let policy = GcraPolicy::new(
         PolicyId::new("api").unwrap(),
         ScopeId::new("client").unwrap(),

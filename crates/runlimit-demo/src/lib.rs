@@ -36,7 +36,7 @@
 //! documentation recommends in front of body parsing and database acquisition: a flood from
 //! one client is refused before its body is read and before a pooled connection is taken.
 //! The `login-identity` gate counts the account named in the body. A `RateLimitLayer`'s
-//! extractor only sees the request head ([`http::request::Parts`]), never the body, so a
+//! extractor only sees the request head ([`http::request::Parts`](https://docs.rs/http/1/http/request/struct.Parts.html)), never the body, so a
 //! body-borne identity cannot be checked by a layer: the handler parses the body and checks
 //! the identity limiter directly, with the same policy-bound [`Check`](runlimit_core::Check).
 //!

@@ -1,8 +1,8 @@
 //! Framework-neutral encoding of the IETF draft `RateLimit-Policy` and `RateLimit` response
 //! fields for Runlimit policies and decisions.
 //!
-//! `runlimit-http` turns caller-selected Runlimit metadata into typed [`http::HeaderName`]s
-//! and [`http::HeaderValue`]s. It is versioned by draft: [`draft_11`] implements
+//! `runlimit-http` turns caller-selected Runlimit metadata into typed [`http::HeaderName`](https://docs.rs/http/1/http/header/struct.HeaderName.html)s
+//! and [`http::HeaderValue`](https://docs.rs/http/1/http/header/struct.HeaderValue.html)s. It is versioned by draft: [`draft_11`] implements
 //! draft-ietf-httpapi-ratelimit-headers-11 (Polli, Martinez, Miller, 23 May 2026), whose field
 //! values are RFC 9651 Structured Field lists:
 //!
@@ -13,7 +13,7 @@
 //!
 //! The crate never selects a response status or body, never emits `Retry-After`, never
 //! exposes partition keys (`pk`) and never decides which policies an application discloses:
-//! those belong to the application (`../shared/spec/runlimit.md`, runlimit-http section).
+//! those belong to the application.
 //!
 //! # Example
 //!

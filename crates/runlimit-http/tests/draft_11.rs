@@ -307,7 +307,7 @@ fn quota_states_from_every_accepted_source() {
 
 #[test]
 fn gcra_policy_advertises_quota_per_period_and_full_replenishment() {
-    // Q = 10 per second, burst 20 (gcra.md V1). After the 5th hit at t=0: 15 remaining,
+    // Q = 10 per second, burst 20 (reference vector V1). After the 5th hit at t=0: 15 remaining,
     // fully rested after 500 ms, which is what an Allowance carries.
     let policy = GcraPolicy::new(
         PolicyId::new("api.read").unwrap(),

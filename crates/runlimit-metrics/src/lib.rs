@@ -1,4 +1,4 @@
-//! Metrics for Runlimit, recorded through the [`metrics`] facade.
+//! Metrics for Runlimit, recorded through the [`metrics`](https://docs.rs/metrics/0.24) facade.
 //!
 //! [`MetricsObserver`] is an [`Observer`] and an [`AttemptObserver`]: give it to a store's
 //! `with_observer` (memory, PostgreSQL, or any other Runlimit backend) and every admission,
@@ -139,7 +139,7 @@ pub mod names;
 pub const MAX_CACHED_LABEL_SETS: usize = 4_096;
 
 /// An [`Observer`] and [`AttemptObserver`] that records every observation through the
-/// [`metrics`] facade (see the [crate docs](crate) for the metric set and what each counts).
+/// [`metrics`](https://docs.rs/metrics/0.24) facade (see the [crate docs](crate) for the metric set and what each counts).
 ///
 /// The recorder is the one the `metrics` facade resolves (the global recorder, or the
 /// thread's local one) when a label set is first observed; its handles are kept from then on

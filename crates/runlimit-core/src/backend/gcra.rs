@@ -26,6 +26,19 @@
 //! earliest whole millisecond that does; unit counts round down, so no unit is promised that
 //! is not there.
 //!
+//! # Reference vectors
+//!
+//! The unit tests of this module, and the conformance scenarios every GCRA backend runs,
+//! replay five reference vectors with exact allow/deny values and delays:
+//!
+//! | vector | quota Q per period P | burst B | what it pins |
+//! |---|---|---|---|
+//! | V1 | 10 per 1,000 ms | 20 | a rested key spends its whole burst, then one unit per 100 ms, without drift |
+//! | V2 | 3 per 1,000 ms | 2 | an emission interval of 333⅓ ms, which is not a whole millisecond |
+//! | V3 | 1 per 60,000 ms | 1 | one unit per minute and its exact retry |
+//! | V4 | 5 per 1,000 ms | 5 | weighted costs |
+//! | V5 | 2 per 1,000 ms | 4 | a burst of four, then the steady rate |
+//!
 //! # Overflow
 //!
 //! With Q, B ≤ [`MAX_LIMIT`](crate::MAX_LIMIT), P ≤ [`MAX_WINDOW`](crate::MAX_WINDOW) and

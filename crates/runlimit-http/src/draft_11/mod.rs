@@ -57,8 +57,8 @@
 //!   equals `t`, satisfying D11 §6 (`Retry-After` SHOULD NOT point before the end of the
 //!   effective window).
 //! - **GCRA allowances: `t` is the time to full replenishment** (the "reset" meaning of
-//!   drafts -08/-09), not the time to the next unit. `gcra.md` and
-//!   `http-ratelimit-fields.md` §3 lay out both; this is the documented choice:
+//!   drafts -08/-09), not the time to the next unit. Both readings are defensible for a
+//!   continuously replenished quota; this is the documented choice:
 //!   - The strict "no more than `r` within `t`" reading cannot be honoured in whole seconds
 //!     anyway whenever the emission interval is below a second: the time to the next unit
 //!     rounds up to `t=1` while several more units arrive within that second.
@@ -75,7 +75,7 @@
 //!
 //! # Why a hand-written serializer
 //!
-//! The issue asks for a maintained RFC 9651 implementation *if one fits*. `sfv` is correct
+//! A maintained RFC 9651 implementation is preferable where one fits. `sfv` is correct
 //! and strict, but for these two fields it buys little: the items use only Strings and
 //! non-negative Integers with four fixed lowercase keys. The encoder here is a few lines
 //! (validate %x20–%x7E once in [`PolicyName::new`], escape `"` and `\`, check the integer
@@ -104,7 +104,7 @@ use runlimit_core::RateLimitPolicy;
 /// The `RateLimit-Policy` response field (D11 §3): a list of quota policy items,
 /// `"name";q=N;w=S`.
 ///
-/// Lowercase, as HTTP/2 and HTTP/3 require and [`HeaderName::from_static`] expects.
+/// Lowercase, as HTTP/2 and HTTP/3 require and [`HeaderName::from_static`](https://docs.rs/http/1/http/header/struct.HeaderName.html#method.from_static) expects.
 /// Clients may ignore it; it should stay stable across responses and must not be sent in a
 /// trailer (D11 §3).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -112,6 +112,6 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// The `RateLimit` response field (D11 §4): a list of service limit items,
 /// `"name";r=N;t=S`.
 ///
-/// Lowercase, as HTTP/2 and HTTP/3 require and [`HeaderName::from_static`] expects. May be
+/// Lowercase, as HTTP/2 and HTTP/3 require and [`HeaderName::from_static`](https://docs.rs/http/1/http/header/struct.HeaderName.html#method.from_static) expects. May be
 /// sent on any status, including 429; it must not be sent in a trailer (D11 §4, §6).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

@@ -1,5 +1,5 @@
 //! GcraStore behaviour of its own, with a manual clock: lazy expiry of fully rested entries.
-//! The verified vectors of the GCRA notes (`gcra.md` §8) and the rules every backend shares are
+//! The reference vectors of `runlimit_core::backend::gcra` and the rules every backend shares are
 //! scenarios of the conformance suite (`tests/conformance.rs`).
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! index, no cleanup), comparing every decision and every error.
 //!
 //! The model implements the rules from their definitions: fixed windows directly, GCRA from
-//! the scaled-integer formulas of `gcra.md` §3 (not through `runlimit_core::gcra`). Capacity
+//! the scaled-integer formulas documented in `runlimit_core::backend::gcra` (not through `runlimit_core::gcra`). Capacity
 //! is modelled as "a new key fits while fewer than `max_keys` stored keys are live"; the
 //! bounded store is configured with a cleanup bound above the key universe, so its bounded
 //! cleanup must find every expired entry and report the exact earliest expiry.
@@ -316,7 +316,7 @@ fn gcra_policies() -> [GcraPolicy; 3] {
     [base.clone(), gcra("model.b", 1, 700, 3), base.with_quota_mode(QuotaMode::Shadow)]
 }
 
-/// GCRA from `gcra.md` §3: state is the scaled arrival time (ms × Q).
+/// GCRA in the scaled-integer form documented in `runlimit_core::backend::gcra`: state is the scaled arrival time (ms × Q).
 fn gcra_evaluate(
     policy: &GcraPolicy,
     tat: Option<u128>,
@@ -348,7 +348,7 @@ fn fixed_peek(policy: &FixedWindowPolicy, live: Option<(u64, u64)>, now: u64) ->
     }
 }
 
-/// A GCRA snapshot from `gcra.md` §3: the largest cost that fits now, the wait until one more
+/// A GCRA snapshot in the same scaled-integer form: the largest cost that fits now, the wait until one more
 /// unit fits (the retry of a cost of `available + 1`), and the wait until fully rested.
 fn gcra_peek(policy: &GcraPolicy, tat: Option<u128>, now: u64) -> (u64, Option<u64>, u64) {
     let burst = policy.burst_capacity().get();

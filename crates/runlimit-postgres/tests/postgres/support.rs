@@ -179,7 +179,7 @@ pub(crate) enum Cut {
 }
 
 /// A loopback TCP proxy in front of the test server that can cut a connection once, on a
-/// pattern in the client's bytes (`../shared/spec/sqlx-postgres.md` §13).
+/// pattern in the client's bytes.
 pub(crate) struct Proxy {
     pub(crate) port: u16,
     armed: std::sync::Arc<std::sync::Mutex<Option<Cut>>>,
