@@ -400,6 +400,8 @@ pub fn router(app: App) -> Router {
         .route("/items", get(items).route_layer(items_gate))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(LOGIN_BODY_LIMIT))
         .with_state(app)
 }
@@ -537,6 +539,18 @@ async fn items(State(app): State<App>, admissions: Option<Extension<Admissions>>
         &[(&gates.items_name, &*gates.items)],
     );
     with_fields(&fields, Json(serde_json::json!({ "items": ["apple", "banana", "cherry"] })))
+}
+
+/// Unknown paths: 404 as an `about:blank` problem, like every other error. Outside every
+/// gate, so it consumes no quota.
+async fn not_found() -> Response {
+    Problem::about_blank(StatusCode::NOT_FOUND, "no such route").into_response()
+}
+
+/// A known path with another method: 405 as an `about:blank` problem (axum still adds the
+/// `Allow` header). Outside every gate, so it consumes no quota.
+async fn method_not_allowed() -> Response {
+    Problem::about_blank(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route").into_response()
 }
 
 /// `GET /metrics`: every Runlimit metric of this process (see `runlimit_metrics`) in the

@@ -58,7 +58,7 @@ pub struct Args {
     pub client_limit: u64,
 
     /// The per-client login window, in whole seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub client_window_secs: u64,
 
     /// Login attempts allowed per normalized identity per identity window.
@@ -66,7 +66,7 @@ pub struct Args {
     pub identity_limit: u64,
 
     /// The per-identity login window, in whole seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub identity_window_secs: u64,
 
     /// GET /items: units replenished per client per items period (GCRA quota).
@@ -74,7 +74,7 @@ pub struct Args {
     pub items_quota: u64,
 
     /// GET /items: the GCRA period, in whole seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub items_period_secs: u64,
 
     /// GET /items: the most requests a rested client may send at once (GCRA burst capacity).
@@ -84,23 +84,23 @@ pub struct Args {
     /// Password-check attempts per normalized identity (`login-attempts`): the backoff after
     /// the first consecutive failure, in whole seconds. Each further failure doubles it, up to
     /// --attempt-delay-cap-secs; a successful login resets it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub attempt_initial_delay_secs: u64,
 
     /// The longest backoff between password-check attempts for one identity, in whole seconds
     /// (at least --attempt-initial-delay-secs).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub attempt_delay_cap_secs: u64,
 
     /// Failure history of an identity is forgotten after this many whole seconds without a
     /// failure (at least --attempt-delay-cap-secs).
-    #[arg(long, value_name = "SECONDS", default_value_t = 900)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
     pub attempt_quiet_period_secs: u64,
 
     /// How long one admitted password check may take, in whole seconds; meanwhile other
     /// checks of the same identity are refused, and an attempt never completed counts as a
     /// failure at this deadline.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub attempt_lease_secs: u64,
 
     /// Hard bound on keys held by each memory store (client, items, and the in-memory
@@ -118,7 +118,7 @@ pub struct Args {
 
     /// Seconds between bounded cleanups of expired PostgreSQL rows (fixed-window and GCRA;
     /// with --database-url).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub cleanup_interval_secs: u64,
 }
 

@@ -14,7 +14,11 @@ async fn main() -> ExitCode {
             let mut message = format!("runlimit-demo: {error}");
             let mut source = std::error::Error::source(&error);
             while let Some(cause) = source {
-                message.push_str(&format!(": {cause}"));
+                // Some errors repeat their source's text in their own message: say it once.
+                let text = cause.to_string();
+                if !message.ends_with(&text) {
+                    message.push_str(&format!(": {text}"));
+                }
                 source = cause.source();
             }
             eprintln!("{message}");

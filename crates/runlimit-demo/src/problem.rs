@@ -101,6 +101,11 @@ struct ProblemBody<'a> {
     violated_policies: Vec<&'a str>,
 }
 
+/// `1 second`, `N seconds`: a whole number of seconds in a detail message.
+fn whole_seconds(seconds: u64) -> String {
+    if seconds == 1 { "1 second".to_owned() } else { format!("{seconds} seconds") }
+}
+
 impl Problem {
     /// 429 `quota-exceeded` for the gate `name`: `Retry-After` is the denial's
     /// [`Delay::seconds`] (rounded up), the same value as that gate's `RateLimit` `t`.
@@ -110,8 +115,9 @@ impl Problem {
             status: StatusCode::TOO_MANY_REQUESTS,
             kind: ProblemType::QuotaExceeded,
             detail: format!(
-                "quota of policy \"{}\" is exhausted; retry after {seconds} seconds",
-                name.as_str()
+                "quota of policy \"{}\" is exhausted; retry after {}",
+                name.as_str(),
+                whole_seconds(seconds)
             ),
             violated_policies: vec![name.clone()],
             retry_after: Some(seconds),
@@ -128,7 +134,7 @@ impl Problem {
     ///   N seconds`;
     /// - [`AttemptDenial::InProgress`]: 429 `quota-exceeded`, `Retry-After` the time to the
     ///   active lease's deadline rounded up (0 when the backend does not know it), detail
-    ///   `another password check of policy "NAME" is in progress; retry after N seconds`;
+    ///   `another password check of policy "NAME" is in progress; retry after N seconds` (`1 second` for one);
     /// - [`AttemptDenial::StorageCapacity`]: 503, as
     ///   [`reduced_capacity`](Self::reduced_capacity), with `Retry-After` only when the store
     ///   knows its earliest expiry.
@@ -140,17 +146,18 @@ impl Problem {
             AttemptDenial::Backoff { retry_after, .. } => {
                 let seconds = retry_after.seconds();
                 let detail = format!(
-                    "password checks of policy \"{}\" are backing off after a failed attempt; retry after \
-                     {seconds} seconds",
-                    name.as_str()
+                    "password checks of policy \"{}\" are backing off after a failed attempt; retry after {}",
+                    name.as_str(),
+                    whole_seconds(seconds)
                 );
                 (seconds, detail)
             }
             AttemptDenial::InProgress { retry_after } => {
                 let seconds = retry_after.seconds();
                 let detail = format!(
-                    "another password check of policy \"{}\" is in progress; retry after {seconds} seconds",
-                    name.as_str()
+                    "another password check of policy \"{}\" is in progress; retry after {}",
+                    name.as_str(),
+                    whole_seconds(seconds)
                 );
                 (seconds, detail)
             }

@@ -15,7 +15,10 @@ use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{
     MigrationError, PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter,
 };
-use sqlx::postgres::PgPoolOptions;
+use sqlx::{
+    Connection as _,
+    postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
+};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -57,12 +60,35 @@ pub enum RunError {
         #[source]
         source: MemoryStoreConfigError,
     },
-    /// The database named by `--database-url` could not be reached.
-    #[error("failed to connect to PostgreSQL")]
+    /// `--database-url` (or `DATABASE_URL`) is not a PostgreSQL connection URL.
+    #[error("--database-url is not a PostgreSQL URL; expected postgres://USER@HOST:PORT/DATABASE")]
+    DatabaseUrl {
+        /// SQLx's parse error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The first connection to the `--database-url` server failed.
+    #[error(
+        "cannot connect to PostgreSQL at {address} (--database-url); check that the server runs \
+         there, accepts TCP connections and has the database"
+    )]
     Connect {
+        /// `host:port/database` of the URL (never its password).
+        address: String,
         /// SQLx's error.
         #[source]
         source: sqlx::Error,
+    },
+    /// The first connection to the `--database-url` server did not complete in time.
+    #[error(
+        "no answer from PostgreSQL at {address} (--database-url) within {} s; check the host, \
+         port and firewall", timeout.as_secs()
+    )]
+    ConnectTimeout {
+        /// `host:port/database` of the URL (never its password).
+        address: String,
+        /// How long startup waited.
+        timeout: Duration,
     },
     /// The runlimit-postgres migrations could not be applied.
     #[error("failed to apply the runlimit-postgres migrations")]
@@ -155,12 +181,26 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
             ),
         ),
         Some(url) => {
+            let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
+            let address = format!(
+                "{}:{}/{}",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or(options.get_username())
+            );
+            // One connection first, so that a failure names its cause (a pool would retry
+            // until its acquire timeout and report only that).
+            match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+                Err(_) => return Err(RunError::ConnectTimeout { address, timeout: CONNECT_TIMEOUT }),
+                Ok(Err(source)) => return Err(RunError::Connect { address, source }),
+                Ok(Ok(connection)) => {
+                    let _ = connection.close().await;
+                }
+            }
             let pool = PgPoolOptions::new()
                 .max_connections(args.database_max_connections)
                 .acquire_timeout(CONNECT_TIMEOUT)
-                .connect(url)
-                .await
-                .map_err(|source| RunError::Connect { source })?;
+                .connect_lazy_with(options);
             let postgres = |store| DemoObserver::new("postgres", store);
             let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres("login-identity"));
             identity.migrate().await.map_err(|source| RunError::Migrate { source })?;

@@ -141,9 +141,26 @@ async fn healthz_reports_memory_readiness_and_unknown_routes_consume_nothing() {
     assert_eq!(reply.body, r#"{"status":"ready","backend":"memory"}"#);
     assert_eq!(reply.header("ratelimit"), None);
 
-    // 404 and 405 are outside the route layers: no quota is consumed.
-    assert_eq!(http.get(&demo.url("/nope"), &[]).await.status, StatusCode::NOT_FOUND);
-    assert_eq!(http.get(&demo.url("/login"), &[]).await.status, StatusCode::METHOD_NOT_ALLOWED);
+    // 404 and 405 are outside the route layers: no quota is consumed. Both are problems,
+    // like every other error.
+    let reply = http.get(&demo.url("/nope"), &[]).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({"type": "about:blank", "title": "Not Found", "status": 404, "detail": "no such route"})
+    );
+    let reply = http.get(&demo.url("/login"), &[]).await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(reply.header("allow"), Some("POST"));
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.json(),
+        serde_json::json!({
+            "type": "about:blank", "title": "Method Not Allowed", "status": 405,
+            "detail": "method not allowed on this route",
+        })
+    );
     let reply = http.login(&demo, ALICE, ALICE_PASSWORD).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.header("ratelimit"), Some(r#""login-client";r=0;t=60, "login-identity";r=7;t=600"#));

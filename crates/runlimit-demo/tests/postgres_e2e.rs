@@ -355,3 +355,27 @@ async fn two_replicas_share_each_identitys_password_check_backoff() {
     }
     admin_sql(format!(r#"DROP DATABASE "{ATTEMPTS_DATABASE}" WITH (FORCE)"#)).await;
 }
+
+#[test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+fn a_missing_database_is_named_once_with_the_address() {
+    let url = with_database(&admin_url(), "runlimit_demo_no_such_database");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+        .args(["--listen", "127.0.0.1:0", "--database-url", &url])
+        .env("RUNLIMIT_KEY_SECRET", SECRET)
+        .output()
+        .expect("the demo binary runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let last = stderr.lines().rfind(|line| !line.trim().is_empty()).unwrap();
+    assert!(
+        last.starts_with("runlimit-demo: cannot connect to PostgreSQL at ")
+            && last.contains("/runlimit_demo_no_such_database (--database-url)"),
+        "{last}"
+    );
+    assert_eq!(
+        last.matches(r#"database "runlimit_demo_no_such_database" does not exist"#).count(),
+        1,
+        "{last}"
+    );
+}

@@ -206,13 +206,18 @@ impl Http {
 pub const ALICE: &str = "alice@example.test";
 pub const ALICE_PASSWORD: &str = "correct horse battery staple";
 
+/// `1 second` or `N seconds`, as the demo's details say it.
+pub fn seconds(retry: u64) -> String {
+    if retry == 1 { "1 second".to_owned() } else { format!("{retry} seconds") }
+}
+
 /// The exact quota-exceeded problem body for `name`, with `retry` seconds.
 pub fn quota_exceeded_body(name: &str, retry: u64) -> serde_json::Value {
     serde_json::json!({
         "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Request cannot be satisfied as assigned quota has been exceeded",
         "status": 429,
-        "detail": format!("quota of policy \"{name}\" is exhausted; retry after {retry} seconds"),
+        "detail": format!("quota of policy \"{name}\" is exhausted; retry after {}", seconds(retry)),
         "violated-policies": [name],
     })
 }
@@ -233,7 +238,8 @@ pub fn attempt_backoff_body(retry: u64) -> serde_json::Value {
         "status": 429,
         "detail": format!(
             "password checks of policy \"login-attempts\" are backing off after a failed attempt; \
-             retry after {retry} seconds"
+             retry after {}",
+            seconds(retry)
         ),
         "violated-policies": ["login-attempts"],
     })

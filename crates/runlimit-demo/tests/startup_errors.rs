@@ -1,0 +1,66 @@
+//! Startup errors name the flag or address, the cause and the fix, once each: the built
+//! binary run with bad options, its exit status and its last stderr line.
+
+use std::process::Command;
+
+/// Runs the demo with `args` and returns its exit success and its last stderr line.
+fn run(args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUNLIMIT_KEY_SECRET", "startup-error-test-secret-0123456789")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the demo binary runs");
+    let stderr = String::from_utf8(output.stderr).expect("utf-8 stderr");
+    let last = stderr.lines().rfind(|line| !line.trim().is_empty()).unwrap_or_default().to_owned();
+    (output.status.success(), last)
+}
+
+#[test]
+fn a_malformed_database_url_names_the_flag_and_the_expected_form() {
+    let (ok, message) = run(&["--database-url", "notaurl"]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        "runlimit-demo: --database-url is not a PostgreSQL URL; expected postgres://USER@HOST:PORT/DATABASE: \
+         error with configuration: relative URL without a base"
+    );
+}
+
+#[test]
+fn an_unreachable_server_names_its_address_and_the_cause_at_once() {
+    // A loopback port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = std::time::Instant::now();
+    let (ok, message) = run(&["--database-url", &format!("postgres://demo:secret@127.0.0.1:{port}/app")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: cannot connect to PostgreSQL at 127.0.0.1:{port}/app (--database-url); check that the \
+             server runs there, accepts TCP connections and has the database: error communicating with database: \
+             Connection refused (os error 111)"
+        )
+    );
+    assert!(!message.contains("secret"), "the password is never printed");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "a refused connection fails at once");
+}
+
+#[test]
+fn a_zero_second_flag_is_refused_by_name_in_seconds() {
+    let (ok, message) = run(&["--attempt-delay-cap-secs", "0"]);
+    assert!(!ok);
+    assert_eq!(message, "For more information, try '--help'.");
+    let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+        .args(["--attempt-delay-cap-secs", "0"])
+        .output()
+        .expect("the demo binary runs");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with(
+            "error: invalid value '0' for '--attempt-delay-cap-secs <SECONDS>': 0 is not in 1.."
+        ),
+        "{stderr}"
+    );
+}
