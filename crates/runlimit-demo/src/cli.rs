@@ -27,7 +27,7 @@ use std::{
         after each consecutive failure a backoff doubling from --attempt-initial-delay-secs up \
         to --attempt-delay-cap-secs (429 with Retry-After), reset by a success. \
         GET /items is GCRA-limited per client. \
-        GET /healthz reports readiness.\n\n\
+        GET /healthz reports readiness; GET /metrics serves Prometheus metrics.\n\n\
         With no options everything is in memory. With --database-url (or DATABASE_URL) the \
         identity gate, the attempt limiter and the GCRA gate of /items move to PostgreSQL \
         (migrations applied at start) so replicas share them; the per-client gate stays in memory \

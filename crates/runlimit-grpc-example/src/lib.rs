@@ -20,6 +20,12 @@
 //!   other services ([`Liveness`], health checks) and calls to unknown methods never reach
 //!   the gate.
 //!
+//! Dependencies: `runlimit-axum` with `features = ["tonic"]` (so the gated service keeps its
+//! gRPC name), `tonic`, `tonic-types`, `tower` (for `ServiceBuilder`) and a Runlimit backend.
+//! The key hasher is the application's [`KeyHasher`] (`KeyHasher::new(secret)`, a secret of
+//! at least 32 bytes shared by every replica). The crate's `tests/grpc.rs` runs this server
+//! and calls it with the generated client.
+//!
 //! ```no_run
 //! # async fn serve(listener: tokio::net::TcpListener, hasher: runlimit_core::KeyHasher) -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};

@@ -6,16 +6,29 @@
 //! recorder the application installed, such as `metrics-exporter-prometheus`.
 //!
 //! ```
-//! use runlimit_memory::MemoryStore;
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig};
 //! use runlimit_metrics::MetricsObserver;
 //!
-//! # let config = runlimit_memory::MemoryStoreConfig::new(10_000).unwrap();
-//! // Install a recorder first (for example metrics_exporter_prometheus::PrometheusBuilder):
-//! // an observer keeps the handles of the recorder it first records into. Then describe the
-//! // metrics to it once and build the stores.
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 1. Install the recorder first: an observer keeps the handles of the recorder it first
+//! //    records into. Buckets turn the `*_seconds` samples into histograms.
+//! let prometheus = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), &[1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0])?
+//!     .install_recorder()?;
+//! // 2. Describe the metrics to it (units and help texts), once.
 //! MetricsObserver::describe();
-//! let store = MemoryStore::builder(config).with_observer(MetricsObserver::new("memory")).build();
-//! # let _ = store;
+//! // 3. One observer per store; name each memory store so its shard gauges are its own.
+//! let config = MemoryStoreConfig::new(10_000)?;
+//! let logins = MemoryStore::builder(config).with_observer(MetricsObserver::new("memory").with_store("logins")).build();
+//! let reads = GcraStore::builder(config).with_observer(MetricsObserver::new("memory").with_store("reads")).build();
+//! # let _ = (logins, reads);
+//! // 4. Serve `prometheus.render()` (Prometheus text) on the application's `/metrics` route,
+//! //    and call `prometheus.run_upkeep()` every few seconds from a background task.
+//! let text: String = prometheus.render();
+//! # let _ = text;
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! # The `metrics` version
