@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, assert_ratelimit, attempt_backoff_body,
-    quota_exceeded_body, scraped, unauthorized_body,
+    attempt_series, check_series, counts, quota_exceeded_body, scraped, unauthorized_body,
 };
 
 #[tokio::test]
@@ -504,36 +504,23 @@ async fn metrics_count_exactly_the_requests_served() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
     assert_eq!(reply.header("ratelimit"), None, "the scrape is ungated");
-    let check = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
-        format!(
-            r#"backend="memory",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
-        )
-    };
-    let expected: std::collections::BTreeMap<String, String> = [
+    let check =
+        |policy, scope, outcome, consumption| check_series("memory", policy, scope, outcome, consumption);
+    let expected = counts([
         (check("demo.items", "client", "allowed", "consumed"), "2"),
         (check("demo.items", "client", "quota_exceeded", "not_consumed"), "2"),
         (check("demo.login", "client", "allowed", "consumed"), "3"),
         (check("demo.login", "client", "quota_exceeded", "not_consumed"), "1"),
         (check("demo.login", "identity", "allowed", "consumed"), "2"),
         (check("demo.login", "identity", "quota_exceeded", "not_consumed"), "1"),
-    ]
-    .into_iter()
-    .map(|(labels, value)| (labels, value.to_owned()))
-    .collect();
+    ]);
     assert_eq!(scraped(&reply.body, "runlimit_admissions_total"), expected, "{}", reply.body);
-    let attempt = |operation: &str, event: &str| {
-        format!(
-            r#"backend="memory",policy="demo.login",scope="attempt",operation="{operation}",event="{event}""#
-        )
-    };
-    let expected: std::collections::BTreeMap<String, String> = [
+    let attempt = |operation, event| attempt_series("memory", operation, event);
+    let expected = counts([
         (attempt("admission", "admitted"), "2"),
         (attempt("complete_success", "completed_success"), "1"),
         (attempt("complete_failure", "completed_failure"), "1"),
-    ]
-    .into_iter()
-    .map(|(labels, value)| (labels, value.to_owned()))
-    .collect();
+    ]);
     assert_eq!(scraped(&reply.body, "runlimit_attempts_total"), expected, "{}", reply.body);
     // Durations are histograms in seconds: one sample per admission.
     let durations = scraped(&reply.body, "runlimit_admission_duration_seconds_count");

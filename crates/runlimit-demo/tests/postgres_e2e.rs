@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use support::{
-    ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, quota_exceeded_body,
-    scraped, unauthorized_body,
+    ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, attempt_series,
+    check_series, counts, quota_exceeded_body, scraped, unauthorized_body,
 };
 
 const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
@@ -183,31 +183,20 @@ async fn two_replicas_share_the_identity_quota_and_the_items_burst_and_keep_thei
             .filter(|(labels, _)| labels.starts_with(r#"backend="postgres","#))
             .collect::<std::collections::BTreeMap<String, String>>()
     };
-    let check = |policy: &str, scope: &str, outcome: &str, consumption: &str| {
-        format!(
-            r#"backend="postgres",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
-        )
-    };
-    let expected: std::collections::BTreeMap<String, String> = [
+    let check =
+        |policy, scope, outcome, consumption| check_series("postgres", policy, scope, outcome, consumption);
+    let expected = counts([
         (check("demo.login", "identity", "allowed", "consumed"), "4"),
         (check("demo.login", "identity", "quota_exceeded", "not_consumed"), "1"),
         (check("demo.items", "client", "allowed", "consumed"), "2"),
         (check("demo.items", "client", "quota_exceeded", "not_consumed"), "1"),
-    ]
-    .into_iter()
-    .map(|(labels, value)| (labels, value.to_owned()))
-    .collect();
+    ]);
     assert_eq!(postgres("runlimit_admissions_total"), expected, "{}", reply.body);
-    let attempt = |operation: &str, event: &str| {
-        format!(
-            r#"backend="postgres",policy="demo.login",scope="attempt",operation="{operation}",event="{event}""#
-        )
-    };
-    let expected: std::collections::BTreeMap<String, String> =
-        [(attempt("admission", "admitted"), "4"), (attempt("complete_success", "completed_success"), "4")]
-            .into_iter()
-            .map(|(labels, value)| (labels, value.to_owned()))
-            .collect();
+    let attempt = |operation, event| attempt_series("postgres", operation, event);
+    let expected = counts([
+        (attempt("admission", "admitted"), "4"),
+        (attempt("complete_success", "completed_success"), "4"),
+    ]);
     assert_eq!(postgres("runlimit_attempts_total"), expected, "{}", reply.body);
 
     // One GCRA row (one client: 127.0.0.1) in PostgreSQL.

@@ -392,16 +392,15 @@ impl MetricsObserver {
 /// observation names no policy (a batch that singles out no member).
 fn policy_labels(policy: Option<AdmissionPolicy<'_>>) -> [Label; 2] {
     match policy {
-        Some(policy) => [
-            Label::new(labels::POLICY, owned(policy.id().as_str())),
-            Label::new(labels::SCOPE, owned(policy.scope().as_str())),
-        ],
+        Some(policy) => identity_labels(policy.id().as_str(), policy.scope().as_str()),
         None => [Label::from_static_parts(labels::POLICY, ""), Label::from_static_parts(labels::SCOPE, "")],
     }
 }
 
-fn owned(value: &str) -> SharedString {
-    SharedString::from_owned(value.to_owned())
+/// The `policy` and `scope` labels of a policy identifier and scope.
+fn identity_labels(id: &str, scope: &str) -> [Label; 2] {
+    let owned = |value: &str| SharedString::from_owned(value.to_owned());
+    [Label::new(labels::POLICY, owned(id)), Label::new(labels::SCOPE, owned(scope))]
 }
 
 /// A duration in seconds, exactly as `f64` represents it (nanosecond resolution up to about
@@ -430,10 +429,11 @@ impl AttemptObserver for MetricsObserver {
     fn observe_attempt(&self, observation: &AttemptObservation<'_>) {
         let policy = observation.policy();
         let resolve = || {
+            let [policy_label, scope_label] = identity_labels(policy.id().as_str(), policy.scope().as_str());
             let labels = vec![
                 self.label(),
-                Label::new(labels::POLICY, owned(policy.id().as_str())),
-                Label::new(labels::SCOPE, owned(policy.scope().as_str())),
+                policy_label,
+                scope_label,
                 Label::from_static_parts(
                     labels::OPERATION,
                     labels::attempt_operation(observation.operation()),

@@ -281,3 +281,23 @@ pub fn scraped(body: &str, metric: &str) -> std::collections::BTreeMap<String, S
         })
         .collect()
 }
+
+/// The labels of a `runlimit_admissions_total` series of a single check, as a scrape renders
+/// them.
+pub fn check_series(backend: &str, policy: &str, scope: &str, outcome: &str, consumption: &str) -> String {
+    format!(
+        r#"backend="{backend}",policy="{policy}",scope="{scope}",operation="check",outcome="{outcome}",consumption="{consumption}""#
+    )
+}
+
+/// The labels of a `runlimit_attempts_total` series of the demo's `login-attempts` policy.
+pub fn attempt_series(backend: &str, operation: &str, event: &str) -> String {
+    format!(
+        r#"backend="{backend}",policy="demo.login",scope="attempt",operation="{operation}",event="{event}""#
+    )
+}
+
+/// `labels -> value` pairs as [`scraped`] returns them.
+pub fn counts<const N: usize>(series: [(String, &str); N]) -> std::collections::BTreeMap<String, String> {
+    series.into_iter().map(|(labels, value)| (labels, value.to_owned())).collect()
+}
