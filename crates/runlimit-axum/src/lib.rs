@@ -17,6 +17,46 @@
 //! [`Limiter`](runlimit_core::Limiter) backend (`runlimit-memory`, `runlimit-postgres`, an
 //! application enum), shared by `Arc`.
 //!
+//! # A gate in ten lines
+//!
+//! With the ready-made responses, which the application opts into ([`ProblemRejections`] for
+//! rejections, [`AdmissionFieldsLayer`] for the draft-11 fields of admitted responses), a
+//! complete gate keyed by an API-key header is:
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use axum::{Router, routing::get};
+//! use http::request::Parts;
+//! use runlimit_axum::{AdmissionFieldsLayer, ProblemRejections, RateLimitLayer};
+//! use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId, SubjectKey};
+//! use runlimit_memory::{MemoryStore, MemoryStoreConfig};
+//!
+//! fn app(secret: &[u8]) -> Result<Router, Box<dyn std::error::Error>> {
+//!     let store = Arc::new(MemoryStore::new(MemoryStoreConfig::new(10_000)?));
+//!     let policy = FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 100, Duration::from_secs(60))?;
+//!     let hasher = KeyHasher::new(secret)?;
+//!     let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
+//!         let key = parts.headers.get("x-api-key").ok_or("no API key")?;
+//!         Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
+//!     };
+//!     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
+//!     Ok(Router::new()
+//!         .route("/items", get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate)))
+//! }
+//! # app(&[7; 32]).map(drop).unwrap();
+//! ```
+//!
+//! Each admitted response carries `RateLimit-Policy: "api";q=100;w=60` and, for example,
+//! `RateLimit: "api";r=99;t=60`. The 101st request of a key within the window gets `429`,
+//! `Retry-After` (whole seconds, rounded up), the same two fields with `r=0`, and an RFC 9457
+//! body of type `quota-exceeded`; a request without the header gets a `400` problem. The
+//! crate's `tests/layer/ready_made.rs` sends these requests over real HTTP and checks every
+//! byte. `cargo run -p runlimit-axum --example api_key` serves this route and calls it.
+//!
+//! The API key is hashed with the application's secret ([`KeyHasher`](runlimit_core::KeyHasher)),
+//! so neither the store nor a log ever holds it. Whether an unknown key may spend quota at
+//! all (or should be refused before the gate) is the application's decision.
+//!
 //! # Example
 //!
 //! A per-client gate keyed by the socket peer address (the application's trust decision;
@@ -245,7 +285,9 @@
 //!
 //! It does not read `Forwarded`, `X-Forwarded-For`, `ConnectInfo`, cookies or identities;
 //! only the application's extractor sees the request head. It does not choose a status,
-//! body or header for any rejection, does not wait for quota in `poll_ready` (a denial is a
+//! body or header for any rejection unless the application picks [`ProblemRejections`] as its
+//! mapper, adds no header to an admitted response unless the application adds
+//! [`AdmissionFieldsLayer`], does not wait for quota in `poll_ready` (a denial is a
 //! response, not back-pressure), and never reads the request body before admission.
 //!
 //! # Cost
@@ -260,8 +302,9 @@
 //! |---|---|---|
 //! | `tonic` | no | [`RateLimit`] implements `tonic::server::NamedService` for a named inner service, so one gRPC service can be gated on its own (see [gRPC](#grpc-tonic)). |
 //!
-//! Without features the crate depends on `tower-layer`, `tower-service` and `http`, not on
-//! `axum` or `tonic` itself.
+//! Without features the crate depends on `tower-layer`, `tower-service`, `http`,
+//! `runlimit-http` and `serde_json` (for the ready-made responses), not on `axum` or `tonic`
+//! itself.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
@@ -272,6 +315,7 @@ mod extract;
 mod future;
 mod layer;
 mod rejection;
+mod respond;
 mod service;
 
 pub use crate::admission::{Admission, Admissions};
@@ -279,4 +323,8 @@ pub use crate::extract::ExtractSubjectKey;
 pub use crate::future::ResponseFuture;
 pub use crate::layer::RateLimitLayer;
 pub use crate::rejection::{MapRejection, RateLimitRejection};
+pub use crate::respond::{
+    AdmissionFields, AdmissionFieldsFuture, AdmissionFieldsLayer, NamePolicy, PROBLEM_JSON,
+    ProblemRejections, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY, policy_id_name,
+};
 pub use crate::service::RateLimit;

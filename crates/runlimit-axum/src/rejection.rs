@@ -106,8 +106,10 @@ impl<P: RateLimitPolicy, E: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitR
 /// [`Response`](Self::Response) must be the inner service's response type
 /// (`axum::response::Response` in a router).
 ///
-/// Implemented for every `Fn(RateLimitRejection<P, E, C>) -> R`. There is no default
-/// mapper, on purpose. A closure needs its argument type written out (or use a named `fn`).
+/// Implemented for every `Fn(RateLimitRejection<P, E, C>) -> R`, and by the ready-made
+/// [`ProblemRejections`](crate::ProblemRejections) (429/503/400 with RFC 9457 bodies). The
+/// layer has no default mapper, on purpose: the application names the one it wants. A closure
+/// needs its argument type written out (or use a named `fn`).
 ///
 /// # Examples
 ///

@@ -3,6 +3,7 @@
 mod contracts;
 mod cors;
 mod memory;
+mod ready_made;
 mod real_http;
 mod router;
 mod service;
