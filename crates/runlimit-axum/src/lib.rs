@@ -57,10 +57,25 @@
 //! so neither the store nor a log ever holds it. Whether an unknown key may spend quota at
 //! all (or should be refused before the gate) is the application's decision.
 //!
-//! # Example
+//! # Key extraction recipes
+//!
+//! The layer reads nothing from the request itself; the extractor decides what a subject is.
+//! Two recipes cover most gates; copy and adapt them.
+//!
+//! ## An API-key header
+//!
+//! [A gate in ten lines](#a-gate-in-ten-lines) is this recipe: read the header, refuse the
+//! request (400, through the mapper) when it is absent, and hash its bytes with the
+//! application's [`KeyHasher`](runlimit_core::KeyHasher) so the raw key is never stored.
+//! Keys are case-sensitive bytes; if your keys are not, normalize before hashing. To keep
+//! strangers from spending quota under made-up keys, authenticate first (an outer layer that
+//! rejects unknown keys) or key unauthenticated requests by peer instead.
+//!
+//! ## The peer address (`ConnectInfo`)
 //!
 //! A per-client gate keyed by the socket peer address (the application's trust decision;
-//! this crate reads no address itself), with a mapper that answers 429 with `Retry-After`:
+//! this crate reads no address itself), with a hand-written mapper that answers 429 with
+//! `Retry-After`:
 //!
 //! ```
 //! use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -125,8 +140,10 @@
 //! ```
 //!
 //! Serve such a router with `into_make_service_with_connect_info::<SocketAddr>()` so that
-//! `ConnectInfo` is present. Deriving the client from forwarding headers is only correct
-//! behind a proxy the application trusts, and is the application's decision.
+//! `ConnectInfo` is present; without it, every request is an extraction error, refused with no
+//! quota spent. Deriving the client from forwarding headers is only correct behind a proxy the
+//! application trusts, and is the application's decision. IPv6 clients usually control a
+//! whole /64: key by the network prefix rather than the full address when that matters.
 //!
 //! # Ordering
 //!
@@ -328,3 +345,8 @@ pub use crate::respond::{
     ProblemRejections, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY, policy_id_name,
 };
 pub use crate::service::RateLimit;
+
+/// This crate's README (what crates.io shows), compiled and run as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

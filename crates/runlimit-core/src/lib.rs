@@ -100,3 +100,8 @@ pub use crate::policy::{
     PolicyFingerprint, QuotaMode, QuotaPeriod, RateLimitPolicy,
 };
 pub use crate::snapshot::{QuotaSnapshot, SnapshotError};
+
+/// This crate's README (what crates.io shows), compiled and run as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

@@ -103,7 +103,8 @@ pub enum GatesError {
 /// | [`items`](Self::items) | `items` | `demo.items` / `client` |
 ///
 /// `login-attempts` is an attempt policy, not a quota: it is named in `violated-policies` of
-/// its 429 problem bodies but never advertised in `RateLimit-Policy` / `RateLimit`.
+/// its 429 problem bodies and ends their `RateLimit` field (`r=0`, `t` the retry-after), but is
+/// never advertised in `RateLimit-Policy`.
 #[derive(Clone, Debug)]
 pub struct Gates {
     /// The per-client login gate (anchored fixed window).

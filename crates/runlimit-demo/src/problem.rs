@@ -10,8 +10,8 @@ use http::{
     HeaderValue, StatusCode,
     header::{CONTENT_TYPE, RETRY_AFTER},
 };
-use runlimit_core::{Delay, QuotaDenial, attempts::AttemptDenial};
-use runlimit_http::draft_11::{PolicyName, RateLimitFields};
+use runlimit_core::{Capacity, Delay, QuotaDenial, attempts::AttemptDenial};
+use runlimit_http::draft_11::{PolicyName, RATELIMIT, RateLimitFields, ServiceLimit, service_limits};
 use serde::Serialize;
 
 /// The media type of every problem body (RFC 9457 §3).
@@ -88,6 +88,8 @@ pub struct Problem {
     violated_policies: Vec<PolicyName>,
     retry_after: Option<u64>,
     fields: RateLimitFields,
+    /// The exhausted attempt policy's `RateLimit` item, appended after the quota items.
+    attempt_limit: Option<ServiceLimit>,
 }
 
 #[derive(Serialize)]
@@ -122,6 +124,7 @@ impl Problem {
             violated_policies: vec![name.clone()],
             retry_after: Some(seconds),
             fields: RateLimitFields::new(),
+            attempt_limit: None,
         }
     }
 
@@ -139,10 +142,12 @@ impl Problem {
     ///   [`reduced_capacity`](Self::reduced_capacity), with `Retry-After` only when the store
     ///   knows its earliest expiry.
     ///
-    /// `violated-policies` names `name`. No `RateLimit` item is added for an attempt policy:
-    /// it is not a quota (no `q`/`w` to advertise).
+    /// `violated-policies` names `name`. For a backoff or a check in progress, the `RateLimit`
+    /// field ends with `"NAME";r=0;t=N` (`N` the `Retry-After` value), so the headers name the
+    /// policy that refused; `RateLimit-Policy` gets no item for it, since an attempt policy is
+    /// not a quota (it has no `q`/`w` to advertise).
     pub fn attempt_denied(name: &PolicyName, denial: &AttemptDenial) -> Self {
-        let (seconds, detail) = match *denial {
+        let (retry_after, detail) = match *denial {
             AttemptDenial::Backoff { retry_after, .. } => {
                 let seconds = retry_after.seconds();
                 let detail = format!(
@@ -150,7 +155,7 @@ impl Problem {
                     name.as_str(),
                     whole_seconds(seconds)
                 );
-                (seconds, detail)
+                (retry_after, detail)
             }
             AttemptDenial::InProgress { retry_after } => {
                 let seconds = retry_after.seconds();
@@ -159,12 +164,19 @@ impl Problem {
                     name.as_str(),
                     whole_seconds(seconds)
                 );
-                (seconds, detail)
+                (retry_after, detail)
             }
             AttemptDenial::StorageCapacity { retry_after } => {
                 return Self::reduced_capacity(name, retry_after);
             }
         };
+        let seconds = retry_after.seconds();
+        // One attempt at a time, none left until the delay ends: r=0, t the same rounded-up
+        // seconds as Retry-After. Cannot fail (1 is a valid capacity, delays stay within
+        // MAX_WINDOW); if it ever did, the item is left out rather than failing the response.
+        let attempt_limit = Capacity::new(1)
+            .ok()
+            .and_then(|one| ServiceLimit::new(name.clone(), QuotaDenial::new(one, retry_after)).ok());
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
             kind: ProblemType::QuotaExceeded,
@@ -172,6 +184,7 @@ impl Problem {
             violated_policies: vec![name.clone()],
             retry_after: Some(seconds),
             fields: RateLimitFields::new(),
+            attempt_limit,
         }
     }
 
@@ -185,6 +198,7 @@ impl Problem {
             violated_policies: vec![name.clone()],
             retry_after: retry_after.map(Delay::seconds),
             fields: RateLimitFields::new(),
+            attempt_limit: None,
         }
     }
 
@@ -206,6 +220,7 @@ impl Problem {
             violated_policies: Vec::new(),
             retry_after: None,
             fields: RateLimitFields::new(),
+            attempt_limit: None,
         }
     }
 
@@ -259,6 +274,12 @@ impl IntoResponse for Problem {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         self.fields.insert_into(headers);
+        if let Some(attempt) = &self.attempt_limit {
+            let items = self.fields.service_limits().iter().chain(std::iter::once(attempt));
+            if let Some(value) = service_limits(items) {
+                headers.insert(RATELIMIT, value);
+            }
+        }
         response
     }
 }
@@ -306,6 +327,8 @@ mod tests {
         let response = Problem::attempt_denied(&name, &backoff).into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()["retry-after"], "2");
+        assert_eq!(response.headers()["ratelimit"], r#""login-attempts";r=0;t=2"#);
+        assert!(response.headers().get("ratelimit-policy").is_none());
         let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
         assert_eq!(
             std::str::from_utf8(&body).unwrap(),
@@ -316,6 +339,7 @@ mod tests {
         let response = Problem::attempt_denied(&name, &busy).into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()["retry-after"], "0");
+        assert_eq!(response.headers()["ratelimit"], r#""login-attempts";r=0;t=0"#);
         let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
         assert_eq!(
             std::str::from_utf8(&body).unwrap(),

@@ -407,7 +407,8 @@ async fn password_checks_back_off_per_identity_and_a_success_resets() {
     assert_eq!(reply.header("content-type"), Some("application/problem+json"));
     assert_eq!(reply.header("ratelimit-policy"), policy);
     assert_eq!(reply.header("retry-after"), Some("1"));
-    assert_ratelimit(&reply, &fields(38, 18), 5);
+    assert_ratelimit(&reply, &[&fields(38, 18)[..], &[("login-attempts", 0, 1)]].concat(), 5);
+    assert!(reply.header("ratelimit").unwrap().ends_with(r#", "login-attempts";r=0;t=1"#));
     assert_eq!(reply.json(), attempt_backoff_body(1));
 
     // Another identity is not affected.
@@ -427,7 +428,8 @@ async fn password_checks_back_off_per_identity_and_a_success_resets() {
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
     assert_eq!(reply.header("ratelimit-policy"), policy);
     assert_eq!(reply.header("retry-after"), Some("2"));
-    assert_ratelimit(&reply, &fields(35, 16), 5);
+    assert_ratelimit(&reply, &[&fields(35, 16)[..], &[("login-attempts", 0, 2)]].concat(), 5);
+    assert!(reply.header("ratelimit").unwrap().ends_with(r#", "login-attempts";r=0;t=2"#));
     assert_eq!(reply.json(), attempt_backoff_body(2));
 
     // 5: after the 2 s delay, the right password -> 200, which resets alice's failures.
@@ -445,7 +447,8 @@ async fn password_checks_back_off_per_identity_and_a_success_resets() {
     let reply = http.login(&demo, ALICE, "wrong").await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{reply:?}");
     assert_eq!(reply.header("retry-after"), Some("1"));
-    assert_ratelimit(&reply, &fields(32, 13), 5);
+    assert_ratelimit(&reply, &[&fields(32, 13)[..], &[("login-attempts", 0, 1)]].concat(), 5);
+    assert!(reply.header("ratelimit").unwrap().ends_with(r#", "login-attempts";r=0;t=1"#));
     assert_eq!(reply.json(), attempt_backoff_body(1));
 
     let (status, stderr) = demo.terminate();

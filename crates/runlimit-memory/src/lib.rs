@@ -290,3 +290,8 @@ pub type GcraStore<C = SystemClock, O = ()> = ShardedStore<runlimit_core::GcraPo
 /// Builds a [`GcraStore`] with a chosen [`Clock`] and [`runlimit_core::Observer`]; from
 /// [`GcraStore::builder`](ShardedStore::builder).
 pub type GcraStoreBuilder<C = SystemClock, O = ()> = ShardedStoreBuilder<runlimit_core::GcraPolicy, C, O>;
+
+/// This crate's README (what crates.io shows), compiled and run as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

@@ -452,3 +452,8 @@ impl AttemptObserver for MetricsObserver {
         });
     }
 }
+
+/// This crate's README (what crates.io shows), compiled and run as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

@@ -302,3 +302,8 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// # let _ = run;
 /// ```
 pub type PostgresGcraLimiter<O = ()> = PostgresStore<runlimit_core::GcraPolicy, O>;
+
+/// This crate's README (what crates.io shows), compiled and run as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;
