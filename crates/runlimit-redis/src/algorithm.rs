@@ -1,0 +1,171 @@
+//! The two algorithms' halves of the protocol: the arguments each script needs, the stored
+//! state's encoding, and the decision, always computed by `runlimit_core::backend`'s rules from
+//! the state the script read and the time it used.
+
+use runlimit_core::{
+    Allowance, Check, FixedWindowPolicy, GcraPolicy, QuotaDenial, QuotaSnapshot, RateLimitPolicy,
+    backend::{
+        fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
+        gcra::{self, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+        is_expired,
+    },
+};
+
+pub(crate) use sealed::Verdict;
+
+/// A policy type a [`RedisStore`](crate::RedisStore) can count: [`FixedWindowPolicy`]
+/// ([`RedisLimiter`](crate::RedisLimiter)) or [`GcraPolicy`]
+/// ([`RedisGcraLimiter`](crate::RedisGcraLimiter)). Sealed: only this crate implements it.
+pub trait RedisAlgorithm: RateLimitPolicy + Sized + sealed::Algorithm {}
+
+impl RedisAlgorithm for FixedWindowPolicy {}
+impl RedisAlgorithm for GcraPolicy {}
+
+#[expect(unnameable_types, reason = "the sealed half of `RedisAlgorithm`")]
+pub(crate) mod sealed {
+    use super::{Allowance, Check, QuotaDenial, QuotaSnapshot};
+
+    /// The rule's answer for one check, with the state an allowed check stores.
+    #[derive(Debug)]
+    pub enum Verdict {
+        /// Allowed: store `next`.
+        Allowed { allowance: Allowance, next: String },
+        /// Denied by the quota: store nothing.
+        Exhausted(QuotaDenial),
+    }
+
+    /// One algorithm's half of the protocol.
+    pub trait Algorithm: runlimit_core::RateLimitPolicy + Sized {
+        /// The name the store shows in its `Debug` output.
+        const NAME: &'static str;
+        /// The algorithm's tag in key names.
+        const TAG: &'static str;
+        /// Its admission script's source (shebang, shared functions, rule, admission body).
+        const ADMIT: &'static str;
+        /// The decoded stored state.
+        type State: Copy + std::fmt::Debug;
+
+        /// Appends the rule's arguments for `check` (see the rule's Lua file).
+        fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>);
+
+        /// Decodes a stored state; `None` when it is malformed.
+        fn parse(&self, state: &str) -> Option<Self::State>;
+
+        /// The rule's answer at `now_ms`; `None` for a stored state no rule could have produced.
+        fn evaluate(&self, state: Option<Self::State>, now_ms: u64, cost: u64) -> Option<Verdict>;
+
+        /// The quota at `now_ms` without consuming; `None` for an impossible state.
+        fn peek(&self, state: Option<Self::State>, now_ms: u64) -> Option<QuotaSnapshot>;
+
+        /// Whether the state is live (not yet equivalent to no state) at `now_ms`.
+        fn is_live(&self, state: Self::State, now_ms: u64) -> bool;
+    }
+}
+
+/// `"<a>:<b>"` of two unsigned decimals.
+fn split(state: &str) -> Option<(u64, u64)> {
+    let (first, second) = state.split_once(':')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(first) || !digits(second) {
+        return None;
+    }
+    Some((first.parse().ok()?, second.parse().ok()?))
+}
+
+impl sealed::Algorithm for FixedWindowPolicy {
+    const NAME: &'static str = "RedisLimiter";
+    const TAG: &'static str = "fw";
+    const ADMIT: &'static str = concat!(
+        "#!lua\n",
+        include_str!("lua/common.lua"),
+        include_str!("lua/fixed_window.lua"),
+        include_str!("lua/admit.lua")
+    );
+    type State = Window;
+
+    fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>) {
+        let limit = check.policy().limit().get();
+        let cost = check.cost();
+        args.push(check.policy().window().as_millis().to_string().into_bytes());
+        // A check's cost is between 1 and the limit (validated when it was built).
+        args.push(limit.saturating_sub(cost).to_string().into_bytes());
+        args.push(cost.to_string().into_bytes());
+    }
+
+    fn parse(&self, state: &str) -> Option<Window> {
+        let (deadline, used) = split(state)?;
+        Window::new(deadline, used).ok()
+    }
+
+    fn evaluate(&self, state: Option<Window>, now_ms: u64, cost: u64) -> Option<Verdict> {
+        Some(match fixed_window::evaluate(&FixedWindowParameters::of(self), state, now_ms, cost) {
+            FixedWindowOutcome::Allowed { allowance, window, .. } => {
+                Verdict::Allowed { allowance, next: format!("{}:{}", window.deadline_ms(), window.used()) }
+            }
+            FixedWindowOutcome::Exhausted(denial) => Verdict::Exhausted(denial),
+        })
+    }
+
+    fn peek(&self, state: Option<Window>, now_ms: u64) -> Option<QuotaSnapshot> {
+        Some(fixed_window::peek(&FixedWindowParameters::of(self), state, now_ms))
+    }
+
+    fn is_live(&self, state: Window, now_ms: u64) -> bool {
+        !is_expired(state.deadline_ms(), now_ms)
+    }
+}
+
+impl sealed::Algorithm for GcraPolicy {
+    const NAME: &'static str = "RedisGcraLimiter";
+    const TAG: &'static str = "gcra";
+    const ADMIT: &'static str = concat!(
+        "#!lua\n",
+        include_str!("lua/common.lua"),
+        include_str!("lua/gcra.lua"),
+        include_str!("lua/admit.lua")
+    );
+    type State = TheoreticalArrivalTime;
+
+    fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>) {
+        let parameters = GcraParameters::of(check.policy());
+        let quota = u128::from(parameters.quota().get());
+        let period = u128::from(parameters.period().as_millis());
+        let burst = u128::from(parameters.burst_capacity().get());
+        let cost = u128::from(check.cost());
+        // c·P = a·Q + b and (B − c)·P = m·Q + n, exactly (below 2^127); a and m are at most
+        // the policy's full replenishment time in ms.
+        let spend = cost * period;
+        let room = burst.saturating_sub(cost) * period;
+        for value in [spend / quota, spend % quota, quota - spend % quota, room / quota, room % quota] {
+            args.push(value.to_string().into_bytes());
+        }
+    }
+
+    fn parse(&self, state: &str) -> Option<TheoreticalArrivalTime> {
+        let (millis, remainder) = split(state)?;
+        TheoreticalArrivalTime::from_parts(millis, remainder, GcraParameters::of(self))
+    }
+
+    fn evaluate(&self, state: Option<TheoreticalArrivalTime>, now_ms: u64, cost: u64) -> Option<Verdict> {
+        let parameters = GcraParameters::of(self);
+        let outcome = gcra::evaluate(parameters, state, now_ms, cost).ok()?;
+        match outcome {
+            GcraOutcome::Allowed { tat, .. } => {
+                let (millis, remainder) = tat.to_parts(parameters)?;
+                Some(Verdict::Allowed {
+                    allowance: outcome.allowance(parameters)?,
+                    next: format!("{millis}:{remainder}"),
+                })
+            }
+            GcraOutcome::Denied { .. } => outcome.quota_denial(parameters).map(Verdict::Exhausted),
+        }
+    }
+
+    fn peek(&self, state: Option<TheoreticalArrivalTime>, now_ms: u64) -> Option<QuotaSnapshot> {
+        gcra::peek(GcraParameters::of(self), state, now_ms).ok()
+    }
+
+    fn is_live(&self, state: TheoreticalArrivalTime, now_ms: u64) -> bool {
+        !is_expired(state.expires_at_millis(GcraParameters::of(self)), now_ms)
+    }
+}

@@ -1,0 +1,114 @@
+//! Where a check's state lives: shard, bucket, member name and the Redis key names.
+//!
+//! A limiter's state is grouped into [`SHARDS`] shards by the first byte of the subject key
+//! (as PostgreSQL's capacity shards are), and each shard into [`BUCKETS`] buckets by the low
+//! six bits of its second byte. Per shard:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<base>m` | hash | `w`: the shard's time watermark (ms); `n`: the entries it holds |
+//! | `<base>i` | sorted set | each non-empty bucket, scored by its earliest expiry (ms) |
+//! | `<base>b<bucket>:s` | hash | member → state |
+//! | `<base>b<bucket>:x` | sorted set | member, scored by the state's expiry (ms) |
+//!
+//! where `<base>` is `{<prefix>}:<algorithm>1:<shard as two hex digits>:` under
+//! [`Placement::SingleSlot`] and `{<prefix>:<algorithm>1:<shard>}:` under
+//! [`Placement::PerShard`] (`<algorithm>` is `fw` or `gcra`, `1` the layout version). A member
+//! name is 24 opaque bytes: the first 8 bytes of the policy fingerprint and the first 16 of the
+//! HMAC subject key, as the memory stores keep 16-byte prefixes of both. Small buckets (the
+//! server's `hash-max-listpack-entries` and `zset-max-listpack-entries`, 128 by default) are
+//! stored compactly by Redis, which is why state is bucketed rather than kept in one hash per
+//! shard.
+
+use runlimit_core::{Check, RateLimitPolicy};
+
+use crate::config::{Placement, RedisConfig, SHARDS};
+
+/// Buckets per shard.
+pub(crate) const BUCKETS: u8 = 64;
+
+/// Length of a member name in bytes.
+pub(crate) const MEMBER_LEN: usize = 24;
+
+/// A check's place: its shard, its bucket in the shard, and its member name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) shard: u8,
+    pub(crate) bucket: u8,
+    pub(crate) member: [u8; MEMBER_LEN],
+}
+
+impl Place {
+    /// The place of `check`'s counter key.
+    pub(crate) fn of<P: RateLimitPolicy>(check: &Check<'_, P>) -> Self {
+        let subject = check.subject();
+        let subject = subject.as_bytes();
+        let fingerprint = check.policy().fingerprint().as_bytes();
+        let mut member = [0u8; MEMBER_LEN];
+        member[..8].copy_from_slice(&fingerprint[..8]);
+        member[8..].copy_from_slice(&subject[..16]);
+        Self { shard: subject[0], bucket: subject[1] % BUCKETS, member }
+    }
+}
+
+/// The key-name bases of one limiter's 256 shards, computed once.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    bases: Vec<String>,
+}
+
+impl Layout {
+    /// The layout of `algorithm` (`fw` or `gcra`) under `config`'s prefix and placement.
+    pub(crate) fn new(config: &RedisConfig, algorithm: &str) -> Self {
+        let prefix = config.key_prefix().as_str();
+        let bases = (0..SHARDS)
+            .map(|shard| match config.placement() {
+                Placement::SingleSlot => format!("{{{prefix}}}:{algorithm}1:{shard:02x}:"),
+                Placement::PerShard => format!("{{{prefix}:{algorithm}1:{shard:02x}}}:"),
+            })
+            .collect();
+        Self { bases }
+    }
+
+    /// The key-name base of `shard`.
+    pub(crate) fn base(&self, shard: u8) -> &str {
+        self.bases.get(usize::from(shard)).map_or("", String::as_str)
+    }
+
+    /// The meta hash of `shard`.
+    pub(crate) fn meta(&self, shard: u8) -> String {
+        format!("{}m", self.base(shard))
+    }
+
+    /// The bucket index of `shard`.
+    pub(crate) fn index(&self, shard: u8) -> String {
+        format!("{}i", self.base(shard))
+    }
+
+    /// The state hash of `bucket` in `shard`.
+    pub(crate) fn states(&self, shard: u8, bucket: u8) -> String {
+        format!("{}b{bucket}:s", self.base(shard))
+    }
+
+    /// The expiry sorted set of `bucket` in `shard`.
+    pub(crate) fn expiries(&self, shard: u8, bucket: u8) -> String {
+        format!("{}b{bucket}:x", self.base(shard))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KeyPrefix;
+
+    #[test]
+    fn key_names_carry_the_placement_hash_tag() {
+        let config = RedisConfig::default().with_key_prefix(KeyPrefix::new("api").unwrap());
+        let layout = Layout::new(&config, "fw");
+        assert_eq!(layout.meta(0x3a), "{api}:fw1:3a:m");
+        assert_eq!(layout.index(0), "{api}:fw1:00:i");
+        assert_eq!(layout.states(0xff, 63), "{api}:fw1:ff:b63:s");
+        let layout = Layout::new(&config.with_placement(Placement::PerShard), "gcra");
+        assert_eq!(layout.expiries(0x3a, 7), "{api:gcra1:3a}:b7:x");
+    }
+}

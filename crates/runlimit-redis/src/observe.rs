@@ -1,0 +1,187 @@
+//! Admission results turned into decisions and reported to the observer.
+
+use std::time::Instant;
+
+use runlimit_core::{
+    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check,
+    CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Observation, Observer, QuotaMode,
+    RateLimitPolicy, ResetObservation, ResetOutcome,
+    backend::{ShardHeadroom, admission_outcome, batch, batch_admission_outcome, notify},
+};
+
+use crate::{
+    error::{BatchCheckError, CheckError, MaintenanceError},
+    store::{Admission, Evaluated},
+};
+
+fn observe_admission<O: Observer>(
+    observer: &O,
+    operation: AdmissionOperation<'_>,
+    outcome: AdmissionOutcome,
+    consumption: ConsumptionStatus,
+    headroom: Option<ShardHeadroom>,
+    started: Instant,
+) {
+    let mut observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
+    if let Some(headroom) = headroom {
+        observation = observation.with_shard_headroom(headroom);
+    }
+    notify(observer, &Observation::Admission(observation));
+}
+
+fn consumption(outcome: AdmissionOutcome) -> ConsumptionStatus {
+    if outcome == AdmissionOutcome::Allowed {
+        ConsumptionStatus::Consumed
+    } else {
+        ConsumptionStatus::NotConsumed
+    }
+}
+
+fn malformed(written: bool) -> CheckError {
+    CheckError::MalformedReply {
+        reason: "decision does not fit the checks",
+        consumption: if written {
+            ConsumptionStatus::MayHaveBeenConsumed
+        } else {
+            ConsumptionStatus::NotConsumed
+        },
+    }
+}
+
+/// A single check's decision, observed.
+pub(crate) fn finish_check<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    policy: &P,
+    result: Result<Admission, CheckError>,
+    started: Instant,
+) -> Result<Decision, CheckError> {
+    let mut headroom = None;
+    let result = result.and_then(|admission| {
+        headroom = admission.headroom;
+        match admission.evaluated {
+            Evaluated::Allowed(mut allowances) => allowances
+                .pop()
+                .filter(|_| allowances.is_empty())
+                .map(Decision::allowed)
+                .ok_or_else(|| malformed(true)),
+            Evaluated::Denied { denial, storage_retry_after } => {
+                Ok(denial.into_check_decision(storage_retry_after))
+            }
+        }
+    });
+    let (outcome, consumption) = match &result {
+        Ok(decision) => {
+            let outcome = admission_outcome(decision);
+            (outcome, consumption(outcome))
+        }
+        Err(error) => (AdmissionOutcome::Failed, error.consumption()),
+    };
+    let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(policy) };
+    observe_admission(observer, operation, outcome, consumption, headroom, started);
+    result
+}
+
+/// Validates a batch's structure with the core rule, observing a rejection.
+pub(crate) fn validate<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    checks: &[Check<'_, P>],
+    maximum_batch_size: usize,
+    started: Instant,
+) -> Result<QuotaMode, BatchCheckError> {
+    batch::validate(checks, maximum_batch_size).map_err(|error| {
+        structural(observer, checks.len(), started);
+        BatchCheckError::InvalidBatch(error)
+    })
+}
+
+/// Observes a batch rejected before any I/O.
+pub(crate) fn structural<O: Observer>(observer: &O, size: usize, started: Instant) {
+    observe_admission(
+        observer,
+        AdmissionOperation::Batch { size, policy: None },
+        AdmissionOutcome::InvalidBatch,
+        ConsumptionStatus::NotConsumed,
+        None,
+        started,
+    );
+}
+
+/// A batch's decision, observed.
+pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    checks: &[Check<'_, P>],
+    result: Result<Admission, CheckError>,
+    started: Instant,
+) -> Result<BatchDecision, BatchCheckError> {
+    let batch_size = checks.len();
+    let mut headroom = None;
+    let result = result.map_err(BatchCheckError::Check).and_then(|admission| {
+        headroom = admission.headroom;
+        match admission.evaluated {
+            Evaluated::Allowed(allowances) if allowances.len() == batch_size => batch::allowed(allowances)
+                .map(|decision| (decision, None))
+                .map_err(|_| BatchCheckError::Check(malformed(true))),
+            Evaluated::Allowed(_) => Err(BatchCheckError::Check(malformed(true))),
+            Evaluated::Denied { denial, storage_retry_after } => denial
+                .into_decision(batch_size, storage_retry_after)
+                .map(|decision| (decision, Some(denial.index())))
+                .map_err(|_| BatchCheckError::Check(malformed(false))),
+        }
+    });
+    let (policy, outcome, consumption) = match &result {
+        Ok((decision, index)) => {
+            let outcome = batch_admission_outcome(decision);
+            let policy =
+                index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()));
+            (policy, outcome, consumption(outcome))
+        }
+        Err(error) => (None, AdmissionOutcome::Failed, error.consumption()),
+    };
+    observe_admission(
+        observer,
+        AdmissionOperation::Batch { size: batch_size, policy },
+        outcome,
+        consumption,
+        headroom,
+        started,
+    );
+    result.map(|(decision, _)| decision)
+}
+
+/// Observes a reset (`true`: live state removed).
+pub(crate) fn finish_reset<O: Observer, P: RateLimitPolicy>(
+    observer: &O,
+    policy: &P,
+    result: &Result<bool, MaintenanceError>,
+    started: Instant,
+) {
+    let outcome = match result {
+        Ok(true) => ResetOutcome::Removed,
+        Ok(false) => ResetOutcome::NothingStored,
+        Err(error) if error.may_have_removed_entries() => ResetOutcome::Unknown,
+        Err(_) => ResetOutcome::NoEffect,
+    };
+    notify(
+        observer,
+        &Observation::Reset(ResetObservation::new(AdmissionPolicy::of(policy), outcome, started.elapsed())),
+    );
+}
+
+/// Observes a cleanup pass.
+pub(crate) fn finish_cleanup<O: Observer>(
+    observer: &O,
+    maximum: u32,
+    result: Result<u64, MaintenanceError>,
+    started: Instant,
+) -> Result<u64, MaintenanceError> {
+    let outcome = match &result {
+        Ok(count) => CleanupOutcome::Removed { count: *count },
+        Err(error) if error.may_have_removed_entries() => CleanupOutcome::Unknown,
+        Err(_) => CleanupOutcome::NoEffect,
+    };
+    notify(
+        observer,
+        &Observation::Cleanup(CleanupObservation::new(outcome, u64::from(maximum), started.elapsed())),
+    );
+    result
+}

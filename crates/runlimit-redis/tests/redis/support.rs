@@ -1,0 +1,134 @@
+//! Shared by the Redis integration tests: the test server, unique key prefixes, the
+//! documented key layout, pinned time and removal of a test's keys.
+//!
+//! Every test talks to the server named by `RUNLIMIT_REDIS_TEST_URL` (the test command starts
+//! a disposable one when it is unset) under key prefixes of its own, and deletes only the keys
+//! under them; no test flushes or reconfigures that server. Tests that need a server
+//! configured otherwise start their own (`own_server`).
+
+#![allow(dead_code, reason = "each test binary uses part of the support module")]
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use redis::{AsyncCommands, aio::MultiplexedConnection};
+use runlimit_core::SubjectKey;
+use runlimit_redis::Placement;
+
+/// The test server's URL; panics with what to do when it is not set.
+pub(crate) fn server_url() -> String {
+    std::env::var("RUNLIMIT_REDIS_TEST_URL").unwrap_or_else(|_| {
+        panic!(
+            "RUNLIMIT_REDIS_TEST_URL is not set: point it at a Redis 7 server the tests may write keys to \
+             (e.g. redis://127.0.0.1:6379), or run scripts/test, which starts a disposable one"
+        )
+    })
+}
+
+/// A direct connection to `url`, for setting up and inspecting state.
+pub(crate) async fn connect(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap_or_else(|error| panic!("open {url}: {error}"))
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|error| panic!("connect to {url}: {error}"))
+}
+
+/// FNV-1a of `text`: stable names from test names.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A key prefix no other test (or earlier run) uses: `rlt-<hash of name>-<pid>-<n>`.
+pub(crate) fn unique_prefix(name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!(
+        "rlt-{:08x}-{}-{nanos}-{}",
+        fnv(name) >> 32,
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The documented key-name base of `shard` (`tag`: `fw` or `gcra`).
+pub(crate) fn base(prefix: &str, tag: &str, placement: Placement, shard: u8) -> String {
+    match placement {
+        Placement::SingleSlot => format!("{{{prefix}}}:{tag}1:{shard:02x}:"),
+        Placement::PerShard => format!("{{{prefix}:{tag}1:{shard:02x}}}:"),
+    }
+}
+
+/// The server's time in whole milliseconds.
+pub(crate) async fn server_millis(connection: &mut MultiplexedConnection) -> u64 {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(connection).await.expect("TIME");
+    seconds * 1_000 + micros / 1_000
+}
+
+/// Pins the time of every shard of a limiter at `millis` by setting every shard's watermark
+/// (the script uses `max(TIME, watermark)`, so a watermark ahead of the server's clock is the
+/// time the limiter sees).
+pub(crate) async fn pin(
+    connection: &mut MultiplexedConnection,
+    prefix: &str,
+    tag: &str,
+    placement: Placement,
+    millis: u64,
+) {
+    let mut pipe = redis::pipe();
+    for shard in 0..=u8::MAX {
+        pipe.hset(format!("{}m", base(prefix, tag, placement, shard)), "w", millis).ignore();
+    }
+    let () = pipe.query_async(connection).await.expect("pin the shard watermarks");
+}
+
+/// Deletes every key under `prefix`.
+pub(crate) async fn delete_prefix(connection: &mut MultiplexedConnection, prefix: &str) {
+    for pattern in [format!("{{{prefix}}}*"), format!("{{{prefix}:*")] {
+        let keys: Vec<String> = {
+            let mut iter: redis::AsyncIter<'_, String> =
+                connection.scan_match(&pattern).await.expect("SCAN the test's keys");
+            let mut keys = Vec::new();
+            while let Some(key) = iter.next_item().await {
+                keys.push(key.expect("a key name"));
+            }
+            keys
+        };
+        for chunk in keys.chunks(500) {
+            let () = connection.del(chunk).await.expect("DEL the test's keys");
+        }
+    }
+}
+
+/// Every key under `prefix`.
+pub(crate) async fn keys_under(connection: &mut MultiplexedConnection, prefix: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    for pattern in [format!("{{{prefix}}}*"), format!("{{{prefix}:*")] {
+        let mut iter: redis::AsyncIter<'_, String> = connection.scan_match(&pattern).await.expect("SCAN");
+        while let Some(key) = iter.next_item().await {
+            all.push(key.expect("a key name"));
+        }
+    }
+    all.sort();
+    all
+}
+
+/// Subject key `n` (the conformance suite's) with its first byte, the shard, set to `shard`.
+pub(crate) fn subject_in(shard: u8, n: u64) -> SubjectKey {
+    let mut digest = *runlimit_conformance::support::subject(n).as_bytes();
+    digest[0] = shard;
+    SubjectKey::from_digest(digest)
+}
+
+/// A multi-threaded runtime for one test.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
