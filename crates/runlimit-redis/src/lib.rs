@@ -127,3 +127,8 @@ pub use crate::config::{
 };
 pub use crate::error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, UrlError};
 pub use crate::store::{RedisGcraLimiter, RedisLimiter, RedisStore};
+
+/// This crate's README (what crates.io shows), compiled as doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;

@@ -1,8 +1,7 @@
 -- One admission: a single check or a whole atomic batch, in one script.
 --
--- KEYS: for each shard s the operation touches, its meta hash (watermark w, entry count n)
--- and its index zset (bucket -> earliest expiry); then for each check i, its bucket's state
--- hash and expiry zset.
+-- KEYS: for each shard s the operation touches, its meta hash and its index; then for each
+-- check i, its bucket's state hash and expiry zset.
 -- ARGV: shard count, check count, expired removals per check, capacity per shard; for each
 -- shard its key-name base and how many checks it holds; for each check its shard (1-based
 -- position), bucket, member name and the algorithm's arguments.
@@ -17,22 +16,30 @@ if S == nil or M == nil or per_check == nil or capacity == nil or S < 1 or M < 1
   fail('malformed admission header')
 end
 
-local metas, shards = {}, {}
+-- Read: the shards' meta fields and the time, clamped up to every watermark.
+local now = server_time()
+local shards = {}
 for s = 1, S do
   local checks = num(ARGV[4 + 2 * s])
   if checks == nil then
     fail('malformed shard arguments')
   end
-  metas[s] = KEYS[2 * s - 1]
-  shards[s] = {meta = KEYS[2 * s - 1], index = KEYS[2 * s], base = ARGV[3 + 2 * s], checks = checks, new = 0}
+  local w, n, e = meta_fields(KEYS[2 * s - 1])
+  if w and w > now then
+    now = w
+  end
+  shards[s] = {meta = KEYS[2 * s - 1], index = KEYS[2 * s], base = ARGV[3 + 2 * s], checks = checks,
+    w = w, n = n, e = e, new = 0, inserted = 0}
 end
 
--- Read: time, counts, cleanup plans.
-local now = clock(metas)
+-- Read: cleanup plans, only for shards whose bound has passed.
 for s = 1, S do
   local shard = shards[s]
-  shard.n = entries(shard.meta)
-  shard.plan = plan_cleanup(shard.base, shard.index, now, per_check * shard.checks)
+  if shard.e == nil or shard.e <= now then
+    shard.plan = plan_cleanup(shard.base, shard.index, now, per_check * shard.checks)
+  else
+    shard.plan = {buckets = {}, examined = {}, count = 0, removed = {}, by_bucket = {}}
+  end
   shard.free = capacity - (shard.n - shard.plan.count)
 end
 
@@ -49,7 +56,7 @@ for i = 1, M do
   if state and shard.plan.removed[b .. ':' .. member] then
     state = false
   end
-  local allowed, following, expiry = evaluate(state, now, o + 3)
+  local allowed, following, expiry, moved = evaluate(state, now, o + 3)
   local present = state and true or false
   if allowed then
     if not present then
@@ -61,8 +68,9 @@ for i = 1, M do
   else
     write = false
   end
-  checks[i] = {state = state or '', present = present, allowed = allowed, following = following, expiry = expiry,
-    bucket = b, member = member, hash = KEYS[2 * S + 2 * i - 1], zset = KEYS[2 * S + 2 * i], shard = shard}
+  checks[i] = {state = state or '', present = present, allowed = allowed, following = following,
+    expiry = expiry, moved = moved, bucket = b, member = member, hash = KEYS[2 * S + 2 * i - 1], zset = KEYS[2 * S + 2 * i],
+    shard = shard}
 end
 
 -- Storage retry for shards short of room (read only; nothing is written in that case).
@@ -75,39 +83,54 @@ if not write then
   end
 end
 
--- Write: cleanup, then (when allowed) every check's state, then indexes, counts, watermarks.
-local cleaned = false
+-- Write: cleanup, then (when allowed) every check's state, then the shards' meta fields.
 for s = 1, S do
   local shard = shards[s]
-  shard.touched = {}
-  if shard.plan.count > 0 then
-    apply_cleanup(shard.base, shard.plan, shard.touched)
-    shard.n = shard.n - shard.plan.count
-    cleaned = true
+  if #shard.plan.examined > 0 then
+    local e = apply_cleanup(shard.base, shard.index, shard.plan)
+    shard.e = e and tonumber(e) or nil
+    shard.e_changed = true
   end
 end
 if write then
   for i = 1, M do
     local check = checks[i]
+    local shard = check.shard
     redis.call('HSET', check.hash, check.member, check.following)
-    redis.call('ZADD', check.zset, str(check.expiry), check.member)
-    check.shard.touched[check.bucket] = true
+    if check.moved then
+      redis.call('ZADD', check.zset, check.expiry, check.member)
+    end
     if not check.present then
-      check.shard.n = check.shard.n + 1
+      -- A new entry may lower its bucket's and its shard's earliest expiry.
+      redis.call('ZADD', shard.index, 'LT', check.expiry, check.bucket)
+      if shard.e == nil or check.expiry < shard.e then
+        shard.e = check.expiry
+        shard.e_changed = true
+      end
+      shard.inserted = shard.inserted + 1
     end
   end
 end
-if write or cleaned then
-  for s = 1, S do
-    local shard = shards[s]
-    for b in pairs(shard.touched) do
-      reindex(shard.base, shard.index, b)
+for s = 1, S do
+  local shard = shards[s]
+  local delta = shard.inserted - shard.plan.count
+  if delta ~= 0 then
+    redis.call('HINCRBY', shard.meta, 'n', delta)
+    shard.n = shard.n + delta
+  end
+  if (write or #shard.plan.examined > 0) and (shard.w == nil or now > shard.w) then
+    redis.call('HSET', shard.meta, 'w', str(now))
+  end
+  if shard.e_changed then
+    if shard.e then
+      redis.call('HSET', shard.meta, 'e', str(shard.e))
+    else
+      redis.call('HDEL', shard.meta, 'e')
     end
-    redis.call('HSET', shard.meta, 'w', str(now), 'n', str(shard.n))
   end
 end
 
-local reply = {str(now), write and 1 or 0}
+local reply = {now, write and 1 or 0}
 for i = 1, M do
   local check = checks[i]
   table.insert(reply, check.state)
@@ -117,8 +140,8 @@ for i = 1, M do
 end
 for s = 1, S do
   local shard = shards[s]
-  table.insert(reply, str(shard.n))
+  table.insert(reply, shard.n)
   table.insert(reply, shard.plan.count)
-  table.insert(reply, shard.earliest and str(shard.earliest) or '')
+  table.insert(reply, shard.earliest or '')
 end
 return reply

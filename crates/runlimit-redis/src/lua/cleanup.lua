@@ -5,20 +5,28 @@ local maximum = num(ARGV[2])
 if maximum == nil then
   fail('malformed cleanup arguments')
 end
-local now = clock({KEYS[1]})
-local n = entries(KEYS[1])
-local plan = plan_cleanup(ARGV[1], KEYS[2], now, maximum)
-if plan.count == 0 then
+local w, _, e = meta_fields(KEYS[1])
+local now = server_time()
+if w and w > now then
+  now = w
+end
+if e and e > now then
   return 0
 end
-local touched = {}
-apply_cleanup(ARGV[1], plan, touched)
-for b in pairs(touched) do
-  reindex(ARGV[1], KEYS[2], b)
+local plan = plan_cleanup(ARGV[1], KEYS[2], now, maximum)
+if #plan.examined == 0 then
+  return 0
 end
-n = n - plan.count
-if n < 0 then
-  n = 0
+e = apply_cleanup(ARGV[1], KEYS[2], plan)
+if e then
+  redis.call('HSET', KEYS[1], 'e', e)
+else
+  redis.call('HDEL', KEYS[1], 'e')
 end
-redis.call('HSET', KEYS[1], 'w', str(now), 'n', str(n))
+if plan.count > 0 then
+  redis.call('HINCRBY', KEYS[1], 'n', -plan.count)
+end
+if w == nil or now > w then
+  redis.call('HSET', KEYS[1], 'w', str(now))
+end
 return plan.count

@@ -81,43 +81,81 @@ local function fmt(a)
   return str(a[1]) .. string.format('%09.0f', a[2])
 end
 
--- The store's time in whole milliseconds: the server's TIME, truncated, clamped up to the
--- watermarks of the shards the operation touches (metas: meta hash names), so a clock that
--- steps back (or a failover to a server whose clock is behind) never replenishes early.
--- Fails on a malformed watermark.
-local function clock(metas)
+-- A shard's meta hash fields: w, the latest time (ms) an operation on the shard used; n, the
+-- entries it holds; e, a lower bound of the earliest expiry in the shard (absent: unknown).
+-- Fails when malformed. Returns w (or nil), n, e (or nil).
+local function meta_fields(meta)
+  local fields = redis.call('HMGET', meta, 'w', 'n', 'e')
+  local w, n, e = fields[1], fields[2], fields[3]
+  if w then
+    w = num(w)
+    if w == nil then
+      fail('malformed shard watermark')
+    end
+  else
+    w = nil
+  end
+  if n then
+    n = num(n)
+    if n == nil then
+      fail('malformed shard entry count')
+    end
+  else
+    n = 0
+  end
+  if e then
+    e = num(e)
+    if e == nil then
+      fail('malformed shard expiry bound')
+    end
+  else
+    e = nil
+  end
+  return w, n, e
+end
+
+-- The server's TIME in whole milliseconds (truncated).
+local function server_time()
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  for _, meta in ipairs(metas) do
-    local w = redis.call('HGET', meta, 'w')
-    if w then
-      w = num(w)
-      if w == nil then
-        fail('malformed shard watermark')
-      end
-      if w > now then
-        now = w
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The index of a shard (zset: bucket -> score) holds, for each non-empty bucket, a lower bound
+-- of the bucket's earliest expiry: exact when the bucket was last re-indexed, and kept valid
+-- without re-indexing because an entry's expiry never decreases (time only moves forward) and
+-- only a new entry can lower a bucket's minimum (it lowers the bound with ZADD LT). The meta
+-- field e bounds the whole shard the same way, so an admission skips cleanup without reading
+-- the index while e > now.
+
+-- Read phase of bounded cleanup: examines at most `budget` buckets whose bound has passed,
+-- earliest bound first, and plans the removal of at most `budget` expired entries from them.
+-- Returns {buckets = {{b, members}...}, examined = {b...}, count, removed = set of
+-- bucket .. ':' .. member, by_bucket = b -> count}. Writes nothing.
+local function plan_cleanup(base, index, now, budget)
+  local plan = {buckets = {}, examined = {}, count = 0, removed = {}, by_bucket = {}}
+  if budget <= 0 then
+    return plan
+  end
+  local due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, budget)
+  for _, b in ipairs(due) do
+    table.insert(plan.examined, b)
+    local left = budget - plan.count
+    if left > 0 then
+      local members = redis.call('ZRANGEBYSCORE', base .. 'b' .. b .. ':x', '-inf', now, 'LIMIT', 0, left)
+      if #members > 0 then
+        table.insert(plan.buckets, {b, members})
+        plan.by_bucket[b] = #members
+        plan.count = plan.count + #members
+        for _, member in ipairs(members) do
+          plan.removed[b .. ':' .. member] = true
+        end
       end
     end
   end
-  return now
+  return plan
 end
 
--- The entries a shard counts (field n of its meta hash); fails when malformed.
-local function entries(meta)
-  local n = redis.call('HGET', meta, 'n')
-  if not n then
-    return 0
-  end
-  n = num(n)
-  if n == nil then
-    fail('malformed shard entry count')
-  end
-  return n
-end
-
--- Re-positions bucket b of a shard in the shard's index (its earliest expiry, or gone when
--- the bucket is empty). base: the shard's key-name base; index: its index zset.
+-- Sets bucket b's bound in the index to its exact earliest expiry (removes it when empty).
 local function reindex(base, index, b)
   local first = redis.call('ZRANGE', base .. 'b' .. b .. ':x', 0, 0, 'WITHSCORES')
   if first[1] then
@@ -127,60 +165,40 @@ local function reindex(base, index, b)
   end
 end
 
--- Read phase of bounded cleanup: up to `budget` expired entries of a shard, earliest expiry
--- first, found through the shard's index. Returns {buckets = {{b, members}...}, count,
--- removed = set of bucket .. ':' .. member}. Writes nothing.
-local function plan_cleanup(base, index, now, budget)
-  local plan = {buckets = {}, count = 0, removed = {}, by_bucket = {}}
-  if budget <= 0 then
-    return plan
-  end
-  local due = redis.call('ZRANGEBYSCORE', index, '-inf', str(now), 'LIMIT', 0, budget)
-  for _, b in ipairs(due) do
-    local left = budget - plan.count
-    if left <= 0 then
-      break
-    end
-    local members = redis.call('ZRANGEBYSCORE', base .. 'b' .. b .. ':x', '-inf', str(now), 'LIMIT', 0, left)
-    if #members > 0 then
-      table.insert(plan.buckets, {b, members})
-      plan.by_bucket[b] = #members
-      plan.count = plan.count + #members
-      for _, member in ipairs(members) do
-        plan.removed[b .. ':' .. member] = true
-      end
-    end
-  end
-  return plan
-end
-
--- Write phase of bounded cleanup: removes what plan_cleanup found. Returns the buckets it
--- touched (a set) so the caller re-indexes them once.
-local function apply_cleanup(base, plan, touched)
+-- Write phase of bounded cleanup: removes what plan_cleanup found, re-indexes every bucket it
+-- examined, and returns the shard's new bound e (the index's lowest score, or nil if empty).
+local function apply_cleanup(base, index, plan)
   for _, entry in ipairs(plan.buckets) do
     local b, members = entry[1], entry[2]
     redis.call('HDEL', base .. 'b' .. b .. ':s', unpack(members))
     redis.call('ZREM', base .. 'b' .. b .. ':x', unpack(members))
-    touched[b] = true
   end
+  for _, b in ipairs(plan.examined) do
+    reindex(base, index, b)
+  end
+  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+  return first[2]
 end
 
--- The earliest expiry left in a shard once plan's entries are gone, or nil when it is empty.
--- The plan removed the lowest-ranked entries of each bucket it names, so a bucket's next
--- expiry is at the rank equal to its removal count; among the index's lowest |plan| + 1
--- buckets at least one was not cleaned, and every bucket ranked after it starts later.
+-- The exact earliest expiry left in a shard once plan's entries are gone, or nil when it is
+-- empty. Bounds are lower bounds: visit buckets in bound order, reading each one's earliest
+-- remaining expiry (past the entries the plan removes, the lowest-ranked of its bucket), until
+-- a bound is no lower than the best found.
 local function earliest(base, index, plan)
-  local first = redis.call('ZRANGE', index, 0, #plan.buckets, 'WITHSCORES')
+  local bounds = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
   local best = nil
-  for j = 1, #first, 2 do
-    local b, score = first[j], tonumber(first[j + 1])
-    local removed = plan.by_bucket[b]
-    if removed then
-      local rest = redis.call('ZRANGE', base .. 'b' .. b .. ':x', removed, removed, 'WITHSCORES')
-      score = rest[2] and tonumber(rest[2]) or nil
+  for j = 1, #bounds, 2 do
+    local b, bound = bounds[j], tonumber(bounds[j + 1])
+    if best ~= nil and bound >= best then
+      break
     end
-    if score and (best == nil or score < best) then
-      best = score
+    local skip = plan.by_bucket[b] or 0
+    local rest = redis.call('ZRANGE', base .. 'b' .. b .. ':x', skip, skip, 'WITHSCORES')
+    if rest[2] then
+      local at = tonumber(rest[2])
+      if best == nil or at < best then
+        best = at
+      end
     end
   end
   return best

@@ -4,7 +4,8 @@
 -- room L - c (the most units the window may have used for the check to fit) and the cost c,
 -- all computed exactly by the client. Live iff deadline > now; allowed iff live and
 -- used <= L - c (then used + c <= L < 2^63, exact in limbs), or not live (a new window
--- anchored at now, ending at now + W < 2^53). Returns allowed, the new state and its expiry.
+-- anchored at now, ending at now + W < 2^53). Returns allowed, the new state, its expiry and
+-- whether the expiry moved (an increment inside a live window keeps its deadline).
 local ARGS = 3
 
 local function evaluate(state, now, i)
@@ -13,18 +14,19 @@ local function evaluate(state, now, i)
     fail('malformed fixed-window arguments')
   end
   if state then
-    local deadline, used = string.match(state, '^(%d+):(%d+)$')
-    deadline, used = num(deadline), big(used)
+    local digits, used = string.match(state, '^(%d+):(%d+)$')
+    local deadline = num(digits)
+    used = big(used)
     if deadline == nil or used == nil or is_zero(used) then
       fail('malformed fixed-window state')
     end
     if deadline > now then
       if cmp(used, room) <= 0 then
-        return true, str(deadline) .. ':' .. fmt(add(used, cost)), deadline
+        return true, digits .. ':' .. fmt(add(used, cost)), deadline, false
       end
       return false
     end
   end
   local deadline = now + window
-  return true, str(deadline) .. ':' .. fmt(cost), deadline
+  return true, str(deadline) .. ':' .. fmt(cost), deadline, true
 end

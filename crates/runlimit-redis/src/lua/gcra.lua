@@ -9,7 +9,8 @@
 -- new state tat + c*P is (now + k + a + carry) * Q + r', with carry = [r + b >= Q] and
 -- r' = r + b - carry*Q. Every plain number here is a millisecond count below 2^53
 -- (a, m <= the policy's full replenishment time); r, b, n, Q - b are limbs.
--- Returns allowed, the new state and its expiry ceil(tat' / Q) = t' + [r' > 0].
+-- Returns allowed, the new state, its expiry ceil(tat' / Q) = t' + [r' > 0], and true (the
+-- expiry moves with every allowed check).
 local ARGS = 5
 
 local function evaluate(state, now, i)
@@ -41,5 +42,5 @@ local function evaluate(state, now, i)
   if not is_zero(rest) then
     expiry = t + 1
   end
-  return true, str(t) .. ':' .. fmt(rest), expiry
+  return true, str(t) .. ':' .. fmt(rest), expiry, true
 end
