@@ -221,10 +221,6 @@ pub enum PrepareError {
         /// The policy the server reported.
         policy: String,
     },
-    /// The server runs in cluster mode; this release connects to one server (a standalone
-    /// server or a primary), see the crate docs.
-    #[error("the Redis server runs in cluster mode, which this connection does not follow")]
-    ClusterMode,
     /// `INFO` did not report a field Runlimit reads.
     #[error("the Redis server's INFO reply lacks {field}")]
     MissingInfo {

@@ -6,8 +6,8 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<base>m` | hash | `w`: the shard's time watermark (ms); `n`: the entries it holds |
-//! | `<base>i` | sorted set | each non-empty bucket, scored by its earliest expiry (ms) |
+//! | `<base>m` | hash | `w`: the shard's time watermark (ms); `n`: the entries it holds; `e`: a lower bound of its earliest expiry (ms) |
+//! | `<base>i` | sorted set | each non-empty bucket, scored by a lower bound of its earliest expiry (ms) |
 //! | `<base>b<bucket>:s` | hash | member → state |
 //! | `<base>b<bucket>:x` | sorted set | member, scored by the state's expiry (ms) |
 //!
@@ -22,7 +22,10 @@
 
 use runlimit_core::{Check, RateLimitPolicy};
 
-use crate::config::{Placement, RedisConfig, SHARDS};
+use crate::{
+    client::slot_of,
+    config::{Placement, RedisConfig, SHARDS},
+};
 
 /// Buckets per shard.
 pub(crate) const BUCKETS: u8 = 64;
@@ -51,23 +54,34 @@ impl Place {
     }
 }
 
-/// The key-name bases of one limiter's 256 shards, computed once.
+/// The key-name bases and hash slots of one limiter's 256 shards, computed once.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
     bases: Vec<String>,
+    slots: Vec<u16>,
 }
 
 impl Layout {
     /// The layout of `algorithm` (`fw` or `gcra`) under `config`'s prefix and placement.
     pub(crate) fn new(config: &RedisConfig, algorithm: &str) -> Self {
         let prefix = config.key_prefix().as_str();
+        let tag = |shard: usize| match config.placement() {
+            Placement::SingleSlot => prefix.to_owned(),
+            Placement::PerShard => format!("{prefix}:{algorithm}1:{shard:02x}"),
+        };
         let bases = (0..SHARDS)
             .map(|shard| match config.placement() {
-                Placement::SingleSlot => format!("{{{prefix}}}:{algorithm}1:{shard:02x}:"),
-                Placement::PerShard => format!("{{{prefix}:{algorithm}1:{shard:02x}}}:"),
+                Placement::SingleSlot => format!("{{{}}}:{algorithm}1:{shard:02x}:", tag(shard)),
+                Placement::PerShard => format!("{{{}}}:", tag(shard)),
             })
             .collect();
-        Self { bases }
+        let slots = (0..SHARDS).map(|shard| slot_of(&tag(shard))).collect();
+        Self { bases, slots }
+    }
+
+    /// The Redis Cluster hash slot of every key of `shard`.
+    pub(crate) fn slot(&self, shard: u8) -> u16 {
+        self.slots.get(usize::from(shard)).copied().unwrap_or(0)
     }
 
     /// The key-name base of `shard`.
@@ -110,5 +124,9 @@ mod tests {
         assert_eq!(layout.states(0xff, 63), "{api}:fw1:ff:b63:s");
         let layout = Layout::new(&config.with_placement(Placement::PerShard), "gcra");
         assert_eq!(layout.expiries(0x3a, 7), "{api:gcra1:3a}:b7:x");
+        assert_eq!(layout.slot(0x3a), slot_of("api:gcra1:3a"));
+        // The examples of Redis' CLUSTER KEYSLOT documentation: `somekey` and `foo{hash_tag}`.
+        assert_eq!(slot_of("somekey"), 11_058);
+        assert_eq!(slot_of("hash_tag"), 2_515);
     }
 }

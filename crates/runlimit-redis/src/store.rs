@@ -14,7 +14,7 @@ use runlimit_core::{
 
 use crate::{
     algorithm::{RedisAlgorithm, Verdict},
-    client::{Connector, Failure, Script, UrlFailure},
+    client::{Connector, Failure, Node, Script, UrlFailure},
     config::{Placement, RedisConfig, SHARDS},
     error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, UrlError},
     layout::{Layout, Place},
@@ -270,58 +270,80 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         (self.settings.config.connect_timeout(), self.settings.config.operation_timeout())
     }
 
-    async fn command(&self, command: &redis::Cmd) -> Result<Value, CheckError> {
+    async fn command_on(&self, node: &Node, command: &redis::Cmd) -> Result<Value, CheckError> {
         let (connect, operation) = self.timeouts();
-        Ok(self.connector.command(command, connect, operation).await?)
+        Ok(self.connector.command_on(node, command, connect, operation).await?)
     }
 
-    async fn run(&self, script: &Script, keys: &[Vec<u8>], args: &[Vec<u8>]) -> Result<Value, Failure> {
+    /// Runs `script` on the server of `shard`'s hash slot.
+    async fn run(
+        &self,
+        script: &Script,
+        shard: u8,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Value, Failure> {
         let (connect, operation) = self.timeouts();
-        self.connector.run(script, keys, args, connect, operation).await
+        self.connector.run(script, self.settings.layout.slot(shard), keys, args, connect, operation).await
     }
 
-    /// Checks that the server can keep Runlimit's guarantees and loads the scripts: run it
-    /// before serving traffic (as a readiness check, too).
-    ///
-    /// It reads `INFO` and requires Redis 7.0 or newer, `maxmemory-policy noeviction` and a
-    /// server not in cluster mode, then loads every script with `SCRIPT LOAD` (admissions also
-    /// reload a script the server lost, once, after `NOSCRIPT`). It writes no key.
-    ///
-    /// # Errors
-    ///
-    /// [`PrepareError::Unreachable`] when the server cannot be reached or answers an error;
-    /// [`PrepareError::ServerTooOld`], [`PrepareError::EvictionPolicy`] and
-    /// [`PrepareError::ClusterMode`] for a server that cannot keep the guarantees;
-    /// [`PrepareError::MissingInfo`] when `INFO` lacks a field it reads.
-    pub async fn prepare(&self) -> Result<(), PrepareError> {
+    /// Checks one server (or cluster primary) and loads the scripts there.
+    async fn prepare_node(&self, node: &Node) -> Result<(), PrepareError> {
         let mut info = redis::cmd("INFO");
-        info.arg("server").arg("memory").arg("cluster");
-        let reply = self.command(&info).await.map_err(PrepareError::Unreachable)?;
+        info.arg("server").arg("memory");
+        let reply = self.command_on(node, &info).await.map_err(PrepareError::Unreachable)?;
         let info = text(&reply).unwrap_or_default();
-        let field = |name: &'static str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-                .ok_or(PrepareError::MissingInfo { field: name })
-        };
-        let version = field("redis_version")?;
+        let version = info_field(&info, "redis_version")?;
         let mut parts = version.split('.').map(|part| part.parse::<u32>().unwrap_or(0));
         let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
         if (major, minor) < (7, 0) {
             return Err(PrepareError::ServerTooOld { version: version.to_owned() });
         }
-        let policy = field("maxmemory_policy")?;
+        let policy = info_field(&info, "maxmemory_policy")?;
         if policy != "noeviction" {
             return Err(PrepareError::EvictionPolicy { policy: policy.to_owned() });
-        }
-        if field("cluster_enabled")? != "0" {
-            return Err(PrepareError::ClusterMode);
         }
         let settings = &self.settings;
         for script in [&settings.admit, &settings.peek, &settings.reset, &settings.cleanup] {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(script.source());
-            self.command(&load).await.map_err(PrepareError::Unreachable)?;
+            self.command_on(node, &load).await.map_err(PrepareError::Unreachable)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the server can keep Runlimit's guarantees and loads the scripts: run it
+    /// before serving traffic (and as a readiness check).
+    ///
+    /// It reads `INFO` and requires Redis 7.0 or newer and `maxmemory-policy noeviction`, then
+    /// loads every script with `SCRIPT LOAD` (admissions also reload a script the server lost,
+    /// once, after `NOSCRIPT`). When the URL's server runs in cluster mode it reads the slot map
+    /// (`CLUSTER SLOTS`), routes every operation to the primary of its hash slot from then on,
+    /// and checks and loads every primary. It writes no key.
+    ///
+    /// # Errors
+    ///
+    /// [`PrepareError::Unreachable`] when a server cannot be reached or answers an error;
+    /// [`PrepareError::ServerTooOld`] and [`PrepareError::EvictionPolicy`] for a server that
+    /// cannot keep the guarantees; [`PrepareError::MissingInfo`] when `INFO` lacks a field it
+    /// reads.
+    pub async fn prepare(&self) -> Result<(), PrepareError> {
+        let seed = self.connector.seed().clone();
+        let mut info = redis::cmd("INFO");
+        info.arg("cluster");
+        let reply = self.command_on(&seed, &info).await.map_err(PrepareError::Unreachable)?;
+        let info = text(&reply).unwrap_or_default();
+        if info_field(&info, "cluster_enabled")? == "0" {
+            return self.prepare_node(&seed).await;
+        }
+        let (connect, operation) = self.timeouts();
+        let primaries = self
+            .connector
+            .discover(&seed, connect, operation)
+            .await
+            .map_err(|failure| PrepareError::Unreachable(failure.into()))?;
+        for node in &primaries {
+            self.prepare_node(node).await?;
         }
         Ok(())
     }
@@ -352,7 +374,10 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
             args.push(place.member.to_vec());
             P::arguments(check, &mut args);
         }
-        let value = self.run(&settings.admit, &keys, &args).await?;
+        // Every key of an admission is in one hash slot: the placement guarantees it (one slot
+        // per limiter, or a batch confined to one shard, checked before any I/O).
+        let shard = places.first().map_or(0, |place| place.shard);
+        let value = self.run(&settings.admit, shard, &keys, &args).await?;
         let reply = Reply::decode(&value, checks.len(), shards.touched.len()).map_err(|written| {
             CheckError::MalformedReply {
                 reason: "unexpected admission reply",
@@ -462,7 +487,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let layout = &self.settings.layout;
         let keys =
             [layout.meta(place.shard).into_bytes(), layout.states(place.shard, place.bucket).into_bytes()];
-        let value = self.run(&self.settings.peek, &keys, &[place.member.to_vec()]).await?;
+        let value = self.run(&self.settings.peek, place.shard, &keys, &[place.member.to_vec()]).await?;
         let malformed = |reason| CheckError::MalformedReply { reason, consumption: consumption(false) };
         let (now, state) = now_and_state(&value).ok_or_else(|| malformed("unexpected peek reply"))?;
         let state = match state {
@@ -498,7 +523,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
             place.bucket.to_string().into_bytes(),
             place.member.to_vec(),
         ];
-        let result = match self.run(&self.settings.reset, &keys, &args).await {
+        let result = match self.run(&self.settings.reset, place.shard, &keys, &args).await {
             Err(failure) => Err(MaintenanceError::new(failure.into(), 0)),
             Ok(value) => match now_and_state(&value) {
                 Some((now, state)) => Ok(state
@@ -541,7 +566,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
             }
             let keys = [layout.meta(shard).into_bytes(), layout.index(shard).into_bytes()];
             let args = [layout.base(shard).as_bytes().to_vec(), left.to_string().into_bytes()];
-            match self.run(&self.settings.cleanup, &keys, &args).await {
+            match self.run(&self.settings.cleanup, shard, &keys, &args).await {
                 Ok(value) => match number(&value) {
                     Some(count) => removed += count,
                     None => {
@@ -561,6 +586,14 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let result = result.map(|()| removed).map_err(|error| MaintenanceError::new(error, removed));
         observe::finish_cleanup(&self.observer, maximum, result, started)
     }
+}
+
+/// A field of an `INFO` reply.
+fn info_field<'a>(info: &'a str, name: &'static str) -> Result<&'a str, PrepareError> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+        .ok_or(PrepareError::MissingInfo { field: name })
 }
 
 fn consumption(written: bool) -> runlimit_core::ConsumptionStatus {
