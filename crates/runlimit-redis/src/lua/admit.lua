@@ -59,7 +59,13 @@ for i = 1, M do
   local allowed, following, expiry, moved = evaluate(state, now, o + 3)
   local present = state and true or false
   if allowed then
+    if moved then
+      expect_type(KEYS[2 * S + 2 * i], 'zset')
+    end
     if not present then
+      if shard.new == 0 then
+        expect_type(shard.index, 'zset')
+      end
       shard.new = shard.new + 1
       if shard.new > shard.free then
         write = false

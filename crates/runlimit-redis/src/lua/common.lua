@@ -114,6 +114,17 @@ local function meta_fields(meta)
   return w, n, e
 end
 
+-- Fails unless `key` holds a value of `kind` or nothing. Redis checks a key's type only when a
+-- command touches it, and a script is never rolled back, so every key the write phase writes
+-- without having read it is checked here, in the read phase: a key of another type (written by
+-- something else) then fails the script before its first write.
+local function expect_type(key, kind)
+  local found = redis.call('TYPE', key).ok
+  if found ~= kind and found ~= 'none' then
+    fail(key .. ' holds a ' .. found .. ', not a ' .. kind)
+  end
+end
+
 -- The server's TIME in whole milliseconds (truncated).
 local function server_time()
   local t = redis.call('TIME')
@@ -143,6 +154,7 @@ local function plan_cleanup(base, index, now, budget)
     if left > 0 then
       local members = redis.call('ZRANGEBYSCORE', base .. 'b' .. b .. ':x', '-inf', now, 'LIMIT', 0, left)
       if #members > 0 then
+        expect_type(base .. 'b' .. b .. ':s', 'hash')
         table.insert(plan.buckets, {b, members})
         plan.by_bucket[b] = #members
         plan.count = plan.count + #members

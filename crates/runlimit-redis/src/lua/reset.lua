@@ -12,6 +12,7 @@ local state = redis.call('HGET', KEYS[3], ARGV[3])
 if not state then
   return {now, ''}
 end
+expect_type(KEYS[4], 'zset')
 redis.call('HDEL', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'n', -1)

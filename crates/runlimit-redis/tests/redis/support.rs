@@ -29,9 +29,12 @@ pub(crate) fn server_url() -> String {
 
 /// A direct connection to `url`, for setting up and inspecting state.
 pub(crate) async fn connect(url: &str) -> MultiplexedConnection {
+    // No response timeout (redis-rs' default is 500 ms): a loaded test machine may take longer
+    // to answer a pipeline, and a test waits for its own set-up.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     redis::Client::open(url)
         .unwrap_or_else(|error| panic!("open {url}: {error}"))
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap_or_else(|error| panic!("connect to {url}: {error}"))
 }
@@ -131,4 +134,112 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("a tokio runtime")
+}
+
+/// A `redis-server` of the test's own on a free loopback port (`--save '' --appendonly no`),
+/// for tests that reconfigure, flush or fill a server: killed when dropped.
+pub(crate) struct OwnServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl OwnServer {
+    /// The server's URL.
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        // Best effort: the process may already be gone.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port nothing listens on (bound to port 0, then released).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// Whether the server at `url` answers `PING` within a second.
+async fn answers_ping(url: &str) -> bool {
+    let attempt = async {
+        let mut connection = redis::Client::open(url).ok()?.get_multiplexed_async_connection().await.ok()?;
+        let pong: String = redis::cmd("PING").query_async(&mut connection).await.ok()?;
+        Some(pong == "PONG")
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), attempt).await.ok().flatten().unwrap_or(false)
+}
+
+/// Starts `redis-server` on a free loopback port with `extra` arguments (such as
+/// `["--maxmemory", "2mb"]`) and waits until it answers `PING` (at most 10 s per attempt; a
+/// new port is tried when the server exits, e.g. because the port was taken meanwhile).
+/// Panics, naming what to install, when `redis-server` is not on `PATH`.
+pub(crate) async fn own_server(extra: &[&str]) -> OwnServer {
+    for _attempt in 0..5 {
+        let port = free_port();
+        let mut command = std::process::Command::new("redis-server");
+        command
+            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not on PATH: install Redis 7 (e.g. `apt-get install redis-server`) to run \
+                 the tests that start a server of their own"
+            ),
+            Err(error) => panic!("start redis-server: {error}"),
+        };
+        let mut server = OwnServer { child, port };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if server.child.try_wait().expect("poll redis-server").is_some() {
+                break;
+            }
+            if answers_ping(&server.url()).await {
+                return server;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server on port {port} did not answer PING within 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    panic!("redis-server exited before answering PING five times (arguments: {extra:?})")
+}
+
+/// A counter key's stored state (`<base>b<bucket>:s`) and its expiry score
+/// (`<base>b<bucket>:x`), read through the documented layout under
+/// [`Placement::SingleSlot`]: member = the first 8 bytes of the policy fingerprint and the
+/// first 16 of the subject key, shard = subject byte 0, bucket = subject byte 1 modulo 64.
+pub(crate) async fn stored_entry<P: runlimit_core::RateLimitPolicy>(
+    connection: &mut MultiplexedConnection,
+    prefix: &str,
+    tag: &str,
+    policy: &P,
+    subject: &SubjectKey,
+) -> (Option<String>, Option<f64>) {
+    let subject = subject.as_bytes();
+    let member = [&policy.fingerprint().as_bytes()[..8], &subject[..16]].concat();
+    let base = base(prefix, tag, Placement::SingleSlot, subject[0]);
+    let bucket = subject[1] % 64;
+    let state: Option<String> =
+        connection.hget(format!("{base}b{bucket}:s"), &member).await.expect("HGET a stored state");
+    let expiry: Option<f64> =
+        connection.zscore(format!("{base}b{bucket}:x"), &member).await.expect("ZSCORE a stored expiry");
+    (state, expiry)
 }
