@@ -1,24 +1,23 @@
 //! Where a check's state lives: shard, bucket, member name and the Redis key names.
 //!
 //! A limiter's state is grouped into [`SHARDS`] shards by the first byte of the subject key
-//! (as PostgreSQL's capacity shards are), and each shard into [`BUCKETS`] buckets by the low
-//! six bits of its second byte. Per shard:
+//! (as PostgreSQL's capacity shards are), and each shard's expiry index into [`BUCKETS`]
+//! buckets by the low six bits of its second byte. Per shard:
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<base>m` | hash | `w`: the shard's time watermark (ms); `n`: the entries it holds; `e`: a lower bound of its earliest expiry (ms) |
+//! | `<base>s` | hash | member → state, and the fields `w` (the shard's time watermark, ms), `n` (the entries it holds) and `e` (a lower bound of its earliest expiry, ms) |
 //! | `<base>i` | sorted set | each non-empty bucket, scored by a lower bound of its earliest expiry (ms) |
-//! | `<base>b<bucket>:s` | hash | member → state |
-//! | `<base>b<bucket>:x` | sorted set | member, scored by the state's expiry (ms) |
+//! | `<base>x<bucket>` | sorted set | member, scored by the state's expiry (ms) |
 //!
 //! where `<base>` is `{<prefix>}:<algorithm>1:<shard as two hex digits>:` under
 //! [`Placement::SingleSlot`] and `{<prefix>:<algorithm>1:<shard>}:` under
 //! [`Placement::PerShard`] (`<algorithm>` is `fw` or `gcra`, `1` the layout version). A member
 //! name is 24 opaque bytes: the first 8 bytes of the policy fingerprint and the first 16 of the
-//! HMAC subject key, as the memory stores keep 16-byte prefixes of both. Small buckets (the
-//! server's `hash-max-listpack-entries` and `zset-max-listpack-entries`, 128 by default) are
-//! stored compactly by Redis, which is why state is bucketed rather than kept in one hash per
-//! shard.
+//! HMAC subject key, as the memory stores keep 16-byte prefixes of both (so never one of the
+//! one-letter field names). One hash per shard lets an admission read a check's state and its
+//! shard's fields in one `HMGET` and write them in one `HSET`; small expiry buckets (below the
+//! server's `zset-max-listpack-entries`, 128 by default) are stored compactly by Redis.
 
 use runlimit_core::{Check, RateLimitPolicy};
 
@@ -89,9 +88,9 @@ impl Layout {
         self.bases.get(usize::from(shard)).map_or("", String::as_str)
     }
 
-    /// The meta hash of `shard`.
-    pub(crate) fn meta(&self, shard: u8) -> String {
-        format!("{}m", self.base(shard))
+    /// The hash of `shard`: its entries and its fields `w`, `n` and `e`.
+    pub(crate) fn hash(&self, shard: u8) -> String {
+        format!("{}s", self.base(shard))
     }
 
     /// The bucket index of `shard`.
@@ -99,14 +98,9 @@ impl Layout {
         format!("{}i", self.base(shard))
     }
 
-    /// The state hash of `bucket` in `shard`.
-    pub(crate) fn states(&self, shard: u8, bucket: u8) -> String {
-        format!("{}b{bucket}:s", self.base(shard))
-    }
-
     /// The expiry sorted set of `bucket` in `shard`.
     pub(crate) fn expiries(&self, shard: u8, bucket: u8) -> String {
-        format!("{}b{bucket}:x", self.base(shard))
+        format!("{}x{bucket}", self.base(shard))
     }
 }
 
@@ -119,11 +113,11 @@ mod tests {
     fn key_names_carry_the_placement_hash_tag() {
         let config = RedisConfig::default().with_key_prefix(KeyPrefix::new("api").unwrap());
         let layout = Layout::new(&config, "fw");
-        assert_eq!(layout.meta(0x3a), "{api}:fw1:3a:m");
+        assert_eq!(layout.hash(0x3a), "{api}:fw1:3a:s");
         assert_eq!(layout.index(0), "{api}:fw1:00:i");
-        assert_eq!(layout.states(0xff, 63), "{api}:fw1:ff:b63:s");
+        assert_eq!(layout.expiries(0xff, 63), "{api}:fw1:ff:x63");
         let layout = Layout::new(&config.with_placement(Placement::PerShard), "gcra");
-        assert_eq!(layout.expiries(0x3a, 7), "{api:gcra1:3a}:b7:x");
+        assert_eq!(layout.expiries(0x3a, 7), "{api:gcra1:3a}:x7");
         assert_eq!(layout.slot(0x3a), slot_of("api:gcra1:3a"));
         // The examples of Redis' CLUSTER KEYSLOT documentation: `somekey` and `foo{hash_tag}`.
         assert_eq!(slot_of("somekey"), 11_058);

@@ -75,18 +75,18 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<base>m` | hash | `w`: the shard's time watermark in ms; `n`: the entries it holds; `e`: a lower bound of its earliest expiry in ms |
-//! | `<base>i` | sorted set | each non-empty bucket (0 to 63), scored by a lower bound of its earliest expiry |
-//! | `<base>b<bucket>:s` | hash | member → state (`<deadline ms>:<used>`, or GCRA `<t>:<r>`) |
-//! | `<base>b<bucket>:x` | sorted set | member, scored by its state's expiry in ms |
+//! | `<base>s` | hash | member → state (`<deadline ms>:<used>`, or GCRA `<t>:<r>`), and the fields `w` (the shard's time watermark in ms), `n` (the entries it holds) and `e` (a lower bound of its earliest expiry in ms) |
+//! | `<base>i` | sorted set | each non-empty expiry bucket (0 to 63), scored by a lower bound of its earliest expiry |
+//! | `<base>x<bucket>` | sorted set | member, scored by its state's expiry in ms |
 //!
 //! A member is 24 opaque bytes (8 of the policy fingerprint, 16 of the HMAC subject key): no
-//! raw subject is ever stored. The bucket is the subject key's second byte modulo 64. The
-//! expiry bounds are exact when written and stay valid lower bounds without rewriting, since
-//! an entry's expiry never decreases; cleanup reads a bucket only once its bound has passed,
-//! and re-bounds the buckets it reads. Small buckets are stored compactly by Redis (listpacks
-//! below `hash-max-listpack-entries` / `zset-max-listpack-entries`, 128 by default): about 95
-//! bytes of `used_memory` per live key at 1,000,000 keys.
+//! raw subject is ever stored. The bucket is the subject key's second byte modulo 64. An
+//! admission that finds its key stored in a live window reads the time, reads the state and the
+//! shard's fields in one `HMGET`, and writes them back in one `HSET`. The expiry bounds are
+//! exact when written and stay valid lower bounds without rewriting, since an entry's expiry
+//! never decreases; cleanup reads a bucket only once its bound has passed, and re-bounds the
+//! buckets it reads. Small expiry buckets are stored compactly by Redis (listpacks below
+//! `zset-max-listpack-entries`, 128 by default).
 //!
 //! # Failures
 //!

@@ -354,20 +354,19 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let config = &settings.config;
         let places: Vec<Place> = checks.iter().map(Place::of).collect();
         let shards = Shards::of(&places);
-        let mut keys = Vec::with_capacity(2 * shards.touched.len() + 2 * checks.len());
+        let mut keys = Vec::with_capacity(2 * shards.touched.len() + checks.len());
         let mut args = Vec::with_capacity(4 + 2 * shards.touched.len() + 8 * checks.len());
         args.push(shards.touched.len().to_string().into_bytes());
         args.push(checks.len().to_string().into_bytes());
         args.push(config.expired_removals_per_check().to_string().into_bytes());
         args.push(config.maximum_keys_per_shard().to_string().into_bytes());
         for &(shard, count) in &shards.touched {
-            keys.push(settings.layout.meta(shard).into_bytes());
+            keys.push(settings.layout.hash(shard).into_bytes());
             keys.push(settings.layout.index(shard).into_bytes());
             args.push(settings.layout.base(shard).as_bytes().to_vec());
             args.push(count.to_string().into_bytes());
         }
         for ((check, place), position) in checks.iter().zip(&places).zip(&shards.position) {
-            keys.push(settings.layout.states(place.shard, place.bucket).into_bytes());
             keys.push(settings.layout.expiries(place.shard, place.bucket).into_bytes());
             args.push((position + 1).to_string().into_bytes());
             args.push(place.bucket.to_string().into_bytes());
@@ -485,8 +484,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let policy = subject.policy();
         let place = Place::of(&Check::new(subject));
         let layout = &self.settings.layout;
-        let keys =
-            [layout.meta(place.shard).into_bytes(), layout.states(place.shard, place.bucket).into_bytes()];
+        let keys = [layout.hash(place.shard).into_bytes()];
         let value = self.run(&self.settings.peek, place.shard, &keys, &[place.member.to_vec()]).await?;
         let malformed = |reason| CheckError::MalformedReply { reason, consumption: consumption(false) };
         let (now, state) = now_and_state(&value).ok_or_else(|| malformed("unexpected peek reply"))?;
@@ -512,17 +510,9 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let policy = subject.policy();
         let place = Place::of(&Check::new(subject));
         let layout = &self.settings.layout;
-        let keys = [
-            layout.meta(place.shard).into_bytes(),
-            layout.index(place.shard).into_bytes(),
-            layout.states(place.shard, place.bucket).into_bytes(),
-            layout.expiries(place.shard, place.bucket).into_bytes(),
-        ];
-        let args = [
-            layout.base(place.shard).as_bytes().to_vec(),
-            place.bucket.to_string().into_bytes(),
-            place.member.to_vec(),
-        ];
+        let keys =
+            [layout.hash(place.shard).into_bytes(), layout.expiries(place.shard, place.bucket).into_bytes()];
+        let args = [place.member.to_vec()];
         let result = match self.run(&self.settings.reset, place.shard, &keys, &args).await {
             Err(failure) => Err(MaintenanceError::new(failure.into(), 0)),
             Ok(value) => match now_and_state(&value) {
@@ -564,7 +554,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
             if left == 0 {
                 break;
             }
-            let keys = [layout.meta(shard).into_bytes(), layout.index(shard).into_bytes()];
+            let keys = [layout.hash(shard).into_bytes(), layout.index(shard).into_bytes()];
             let args = [layout.base(shard).as_bytes().to_vec(), left.to_string().into_bytes()];
             match self.run(&self.settings.cleanup, shard, &keys, &args).await {
                 Ok(value) => match number(&value) {

@@ -88,7 +88,7 @@ fn a_flood_of_new_keys_is_denied_and_no_live_key_loses_its_count() {
                 assert_eq!(snapshot.available(), 4, "shard {shard} key {n} kept its count");
             }
             let entries: u32 = redis::cmd("HGET")
-                .arg(format!("{}m", support::base(prefix, "fw", Placement::SingleSlot, shard)))
+                .arg(support::shard_hash(prefix, "fw", shard))
                 .arg("n")
                 .query_async(&mut direct)
                 .await

@@ -415,8 +415,7 @@ fn fresh_subject((shard, bucket): (u8, u8)) -> SubjectKey {
 async fn pin(connection: &mut MultiplexedConnection, prefix: &str, tag: &str, shards: &[u8], millis: u64) {
     let mut pipe = redis::pipe();
     for &shard in shards {
-        pipe.hset(format!("{}m", support::base(prefix, tag, Placement::SingleSlot, shard)), "w", millis)
-            .ignore();
+        pipe.hset(support::shard_hash(prefix, tag, shard), "w", millis).ignore();
     }
     let () = pipe.query_async(connection).await.expect("pin the shard watermarks");
 }

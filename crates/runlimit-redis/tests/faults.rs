@@ -353,15 +353,21 @@ impl Keys {
         RedisConfig::default().with_key_prefix(KeyPrefix::new(&self.prefix).expect("a valid prefix"))
     }
 
-    /// The state hash of `check`'s bucket and its member name, per the documented layout.
+    /// The hash of `check`'s shard and its member name, per the documented layout.
     fn place<P: RateLimitPolicy>(&self, tag: &str, check: &Check<'_, P>) -> (String, Vec<u8>) {
         let subject = check.subject();
         let subject = subject.as_bytes();
         let counter = check.counter_key();
         let mut member = counter.fingerprint().as_bytes()[..8].to_vec();
         member.extend_from_slice(&subject[..16]);
-        let base = support::base(&self.prefix, tag, Placement::SingleSlot, subject[0]);
-        (format!("{base}b{}:s", subject[1] % 64), member)
+        (support::shard_hash(&self.prefix, tag, subject[0]), member)
+    }
+
+    /// The expiry set of `check`'s bucket, per the documented layout.
+    fn expiries<P: RateLimitPolicy>(&self, tag: &str, check: &Check<'_, P>) -> String {
+        let subject = check.subject();
+        let subject = subject.as_bytes();
+        support::expiry_set(&self.prefix, tag, subject[0], subject[1] % 64)
     }
 
     /// The stored state of `check`'s subject, read directly.
@@ -376,15 +382,25 @@ impl Keys {
         let () = self.direct.hset(key, member, state).await.expect("HSET a stored state");
     }
 
-    /// The whole meta hash of `shard`, read directly.
+    /// The fields `w`, `n` and `e` of `shard`'s hash that are set, read directly.
     async fn meta(&mut self, tag: &str, shard: u8) -> BTreeMap<String, String> {
-        let key = format!("{}m", support::base(&self.prefix, tag, Placement::SingleSlot, shard));
-        self.direct.hgetall(key).await.expect("HGETALL a meta hash")
+        let key = support::shard_hash(&self.prefix, tag, shard);
+        let values: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(key)
+            .arg(&["w", "n", "e"][..])
+            .query_async(&mut self.direct)
+            .await
+            .expect("HMGET");
+        ["w", "n", "e"]
+            .into_iter()
+            .zip(values)
+            .filter_map(|(field, value)| Some((field.to_owned(), value?)))
+            .collect()
     }
 
-    /// The watermark and entry count of `shard` (fields `w` and `n` of its meta hash).
+    /// The watermark and entry count of `shard` (fields `w` and `n` of its hash).
     async fn counts(&mut self, tag: &str, shard: u8) -> (Option<u64>, Option<u64>) {
-        let key = format!("{}m", support::base(&self.prefix, tag, Placement::SingleSlot, shard));
+        let key = support::shard_hash(&self.prefix, tag, shard);
         let (w, n): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(key)
             .arg("w")
@@ -1006,7 +1022,7 @@ fn malformed_stored_values_are_refused_before_any_write() {
         assert_eq!(error.to_string(), "malformed Redis reply: malformed stored state");
 
         // A malformed watermark or entry count of the shard.
-        let bad_meta = format!("{}m", support::base(&keys.prefix, FW, Placement::SingleSlot, bad_shard));
+        let bad_meta = support::shard_hash(&keys.prefix, FW, bad_shard);
         let () = keys.direct.hset(&bad_meta, "w", "soon").await.expect("HSET");
         let fresh = check(&policy, subject(bad_shard, 3));
         let detail = "malformed shard watermark";
@@ -1066,7 +1082,7 @@ fn layout_keys_of_another_type_read_before_any_write_are_refused() {
         let policy = fixed_window("faults.wrong-type-read", 10, 60_000);
         let wrong_type = "Operation against a key holding the wrong kind of value";
 
-        // The bucket's state hash is a string.
+        // The shard's hash is a string.
         let (good_shard, states_shard, meta_shard) = (0x70, 0x71, 0x72);
         let good = check(&policy, subject(good_shard, 1));
         let one = check(&policy, subject(states_shard, 2));
@@ -1081,9 +1097,9 @@ fn layout_keys_of_another_type_read_before_any_write_are_refused() {
         assert_eq!(keys.all().await, before);
         assert_eq!(keys.stored(FW, &good).await, None, "no partial batch");
 
-        // The shard's meta hash is a string.
+        // Another shard's hash is a string: a peek is refused too.
         let two = check(&policy, subject(meta_shard, 3));
-        let meta = format!("{}m", support::base(&keys.prefix, FW, Placement::SingleSlot, meta_shard));
+        let meta = support::shard_hash(&keys.prefix, FW, meta_shard);
         let () = keys.direct.set(&meta, "not a hash").await.expect("SET");
         assert_server_error(&limiter.check(&two).await.expect_err("a string"), "WRONGTYPE", wrong_type);
         let error = limiter.check_all(&[good, two]).await.expect_err("a string");
@@ -1115,8 +1131,7 @@ fn layout_keys_of_another_type_written_after_the_first_write_are_classified_hone
 
         // The expiry sorted set of the subject's bucket is a string.
         let one = check(&policy, subject(expiries_shard, 1));
-        let (states, _) = keys.place(FW, &one);
-        let expiries = format!("{}x", states.strip_suffix('s').expect("a state hash name"));
+        let expiries = keys.expiries(FW, &one);
         let () = keys.direct.set(&expiries, "not a sorted set").await.expect("SET");
         let error = limiter.check(&one).await.expect_err("a string");
         let stored = keys.stored(FW, &one).await;
@@ -1138,8 +1153,7 @@ fn layout_keys_of_another_type_written_after_the_first_write_are_classified_hone
         let reset_shard = 0x63;
         let third = check(&policy, subject(reset_shard, 4));
         assert_eq!(limiter.check(&third).await.expect("a check"), allowed(10, 9, 60_000));
-        let (states, _) = keys.place(FW, &third);
-        let expiries = format!("{}x", states.strip_suffix('s').expect("a state hash name"));
+        let expiries = keys.expiries(FW, &third);
         let () = keys.direct.del(&expiries).await.expect("DEL");
         let () = keys.direct.set(&expiries, "not a sorted set").await.expect("SET");
         let reset_error = limiter.reset(third.subject().bind(&policy)).await.expect_err("a string");

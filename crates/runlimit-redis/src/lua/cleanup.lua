@@ -1,11 +1,11 @@
 -- Bounded cleanup of one shard: removes at most ARGV[2] expired entries, earliest first.
--- KEYS: the shard's meta hash and index. ARGV: the shard's key-name base, the maximum.
+-- KEYS: the shard's hash and index. ARGV: the shard's key-name base, the maximum.
 -- Returns how many entries it removed.
 local maximum = num(ARGV[2])
 if maximum == nil then
   fail('malformed cleanup arguments')
 end
-local w, _, e = meta_fields(KEYS[1])
+local w, n, e = read_shard(KEYS[1], {})
 local now = server_time()
 if w and w > now then
   now = w
@@ -19,14 +19,23 @@ if #plan.examined == 0 then
 end
 e = apply_cleanup(ARGV[1], KEYS[2], plan)
 if e then
-  redis.call('HSET', KEYS[1], 'e', e)
-else
-  redis.call('HDEL', KEYS[1], 'e')
+  e = str(tonumber(e))
 end
-if plan.count > 0 then
-  redis.call('HINCRBY', KEYS[1], 'n', -plan.count)
+n = n - plan.count
+if n < 0 then
+  n = 0
 end
+local fields = {'n', str(n)}
 if w == nil or now > w then
-  redis.call('HSET', KEYS[1], 'w', str(now))
+  table.insert(fields, 'w')
+  table.insert(fields, str(now))
+end
+if e then
+  table.insert(fields, 'e')
+  table.insert(fields, e)
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if not e then
+  redis.call('HDEL', KEYS[1], 'e')
 end
 return plan.count

@@ -81,11 +81,13 @@ local function fmt(a)
   return str(a[1]) .. string.format('%09.0f', a[2])
 end
 
--- A shard's meta hash fields: w, the latest time (ms) an operation on the shard used; n, the
--- entries it holds; e, a lower bound of the earliest expiry in the shard (absent: unknown).
--- Fails when malformed. Returns w (or nil), n, e (or nil).
-local function meta_fields(meta)
-  local fields = redis.call('HMGET', meta, 'w', 'n', 'e')
+-- A shard's hash holds its entries (member -> state) and three fields: w, the latest time (ms)
+-- an operation on the shard used; n, the entries it holds; e, a lower bound of the earliest
+-- expiry in the shard (absent: unknown). Member names are 24 bytes, so they never collide with
+-- these one-letter fields. Reads w, n, e and the states of `members` in one HMGET; fails when a
+-- field is malformed. Returns w (or nil), n, e (or nil) and the states (false when absent).
+local function read_shard(hash, members)
+  local fields = redis.call('HMGET', hash, 'w', 'n', 'e', unpack(members))
   local w, n, e = fields[1], fields[2], fields[3]
   if w then
     w = num(w)
@@ -111,7 +113,11 @@ local function meta_fields(meta)
   else
     e = nil
   end
-  return w, n, e
+  local states = {}
+  for j = 1, #members do
+    states[j] = fields[3 + j]
+  end
+  return w, n, e, states
 end
 
 -- Fails unless `key` holds a value of `kind` or nothing. Redis checks a key's type only when a
@@ -152,9 +158,8 @@ local function plan_cleanup(base, index, now, budget)
     table.insert(plan.examined, b)
     local left = budget - plan.count
     if left > 0 then
-      local members = redis.call('ZRANGEBYSCORE', base .. 'b' .. b .. ':x', '-inf', now, 'LIMIT', 0, left)
+      local members = redis.call('ZRANGEBYSCORE', base .. 'x' .. b, '-inf', now, 'LIMIT', 0, left)
       if #members > 0 then
-        expect_type(base .. 'b' .. b .. ':s', 'hash')
         table.insert(plan.buckets, {b, members})
         plan.by_bucket[b] = #members
         plan.count = plan.count + #members
@@ -169,7 +174,7 @@ end
 
 -- Sets bucket b's bound in the index to its exact earliest expiry (removes it when empty).
 local function reindex(base, index, b)
-  local first = redis.call('ZRANGE', base .. 'b' .. b .. ':x', 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', base .. 'x' .. b, 0, 0, 'WITHSCORES')
   if first[1] then
     redis.call('ZADD', index, first[2], b)
   else
@@ -177,13 +182,14 @@ local function reindex(base, index, b)
   end
 end
 
--- Write phase of bounded cleanup: removes what plan_cleanup found, re-indexes every bucket it
--- examined, and returns the shard's new bound e (the index's lowest score, or nil if empty).
+-- Write phase of bounded cleanup: removes what plan_cleanup found from the shard's hash and
+-- expiry sets, re-indexes every bucket it examined, and returns the shard's new bound e (the
+-- index's lowest score, or nil if empty).
 local function apply_cleanup(base, index, plan)
   for _, entry in ipairs(plan.buckets) do
     local b, members = entry[1], entry[2]
-    redis.call('HDEL', base .. 'b' .. b .. ':s', unpack(members))
-    redis.call('ZREM', base .. 'b' .. b .. ':x', unpack(members))
+    redis.call('HDEL', base .. 's', unpack(members))
+    redis.call('ZREM', base .. 'x' .. b, unpack(members))
   end
   for _, b in ipairs(plan.examined) do
     reindex(base, index, b)
@@ -205,7 +211,7 @@ local function earliest(base, index, plan)
       break
     end
     local skip = plan.by_bucket[b] or 0
-    local rest = redis.call('ZRANGE', base .. 'b' .. b .. ':x', skip, skip, 'WITHSCORES')
+    local rest = redis.call('ZRANGE', base .. 'x' .. b, skip, skip, 'WITHSCORES')
     if rest[2] then
       local at = tonumber(rest[2])
       if best == nil or at < best then

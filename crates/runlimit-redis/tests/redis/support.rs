@@ -66,6 +66,17 @@ pub(crate) fn base(prefix: &str, tag: &str, placement: Placement, shard: u8) -> 
     }
 }
 
+/// The documented hash of `shard`: its entries and the fields `w`, `n`, `e`
+/// ([`Placement::SingleSlot`]).
+pub(crate) fn shard_hash(prefix: &str, tag: &str, shard: u8) -> String {
+    format!("{}s", base(prefix, tag, Placement::SingleSlot, shard))
+}
+
+/// The documented expiry set of `bucket` in `shard` ([`Placement::SingleSlot`]).
+pub(crate) fn expiry_set(prefix: &str, tag: &str, shard: u8, bucket: u8) -> String {
+    format!("{}x{bucket}", base(prefix, tag, Placement::SingleSlot, shard))
+}
+
 /// The server's time in whole milliseconds.
 pub(crate) async fn server_millis(connection: &mut MultiplexedConnection) -> u64 {
     let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(connection).await.expect("TIME");
@@ -84,7 +95,7 @@ pub(crate) async fn pin(
 ) {
     let mut pipe = redis::pipe();
     for shard in 0..=u8::MAX {
-        pipe.hset(format!("{}m", base(prefix, tag, placement, shard)), "w", millis).ignore();
+        pipe.hset(format!("{}s", base(prefix, tag, placement, shard)), "w", millis).ignore();
     }
     let () = pipe.query_async(connection).await.expect("pin the shard watermarks");
 }
@@ -222,8 +233,8 @@ pub(crate) async fn own_server(extra: &[&str]) -> OwnServer {
     panic!("redis-server exited before answering PING five times (arguments: {extra:?})")
 }
 
-/// A counter key's stored state (`<base>b<bucket>:s`) and its expiry score
-/// (`<base>b<bucket>:x`), read through the documented layout under
+/// A counter key's stored state (in `<base>s`) and its expiry score (`<base>x<bucket>`), read
+/// through the documented layout under
 /// [`Placement::SingleSlot`]: member = the first 8 bytes of the policy fingerprint and the
 /// first 16 of the subject key, shard = subject byte 0, bucket = subject byte 1 modulo 64.
 pub(crate) async fn stored_entry<P: runlimit_core::RateLimitPolicy>(
@@ -235,11 +246,12 @@ pub(crate) async fn stored_entry<P: runlimit_core::RateLimitPolicy>(
 ) -> (Option<String>, Option<f64>) {
     let subject = subject.as_bytes();
     let member = [&policy.fingerprint().as_bytes()[..8], &subject[..16]].concat();
-    let base = base(prefix, tag, Placement::SingleSlot, subject[0]);
     let bucket = subject[1] % 64;
     let state: Option<String> =
-        connection.hget(format!("{base}b{bucket}:s"), &member).await.expect("HGET a stored state");
-    let expiry: Option<f64> =
-        connection.zscore(format!("{base}b{bucket}:x"), &member).await.expect("ZSCORE a stored expiry");
+        connection.hget(shard_hash(prefix, tag, subject[0]), &member).await.expect("HGET a stored state");
+    let expiry: Option<f64> = connection
+        .zscore(expiry_set(prefix, tag, subject[0], bucket), &member)
+        .await
+        .expect("ZSCORE a stored expiry");
     (state, expiry)
 }
