@@ -20,7 +20,9 @@ use runlimit_postgres::{
     BatchCheckError, CheckError, PostgresGcraLimiter, PostgresLimiter,
     attempts::{PostgresAttemptLimiter, PostgresAttemptReceipt},
 };
+use runlimit_redis::{PrepareError, RedisGcraLimiter, RedisLimiter, RedisStore};
 use serde::Serialize;
+use sqlx::PgPool;
 use tokio::task::JoinHandle;
 
 use crate::observe::{DemoObserver, ErrorChain};
@@ -34,6 +36,22 @@ pub enum IdentityLimiter {
     Memory(MemoryStore<SystemClock, DemoObserver>),
     /// Shared by every replica using the database (`--database-url`).
     Postgres(PostgresLimiter<DemoObserver>),
+    /// Shared by every replica using the Redis server and key prefix (`--redis-url`, which
+    /// takes precedence over `--database-url` for this gate), prepared at start.
+    Redis(RedisLimiter<DemoObserver>),
+}
+
+impl IdentityLimiter {
+    /// The backend's label, as in logs, metrics and `/healthz`: `"memory"`, `"postgres"` or
+    /// `"redis"`.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            Self::Postgres(_) => "postgres",
+            Self::Redis(_) => "redis",
+        }
+    }
 }
 
 /// Why the identity gate could not evaluate a check. The request is refused (503).
@@ -54,6 +72,14 @@ pub enum IdentityCheckError {
         /// The backend's error.
         #[source]
         source: CheckError,
+    },
+    /// Redis failed; see [`runlimit_redis::CheckError::consumption`] for whether quota may
+    /// have been consumed (never retried automatically).
+    #[error("redis identity store unavailable")]
+    Redis {
+        /// The backend's error.
+        #[source]
+        source: runlimit_redis::CheckError,
     },
 }
 
@@ -76,6 +102,13 @@ pub enum IdentityBatchError {
         #[source]
         source: BatchCheckError,
     },
+    /// Redis rejected or failed the batch.
+    #[error("redis identity store rejected the batch")]
+    Redis {
+        /// The backend's error.
+        #[source]
+        source: runlimit_redis::BatchCheckError,
+    },
 }
 
 impl Limiter for IdentityLimiter {
@@ -88,6 +121,9 @@ impl Limiter for IdentityLimiter {
             Self::Memory(store) => store.check(check).map_err(|source| IdentityCheckError::Memory { source }),
             Self::Postgres(limiter) => {
                 limiter.check(check).await.map_err(|source| IdentityCheckError::Postgres { source })
+            }
+            Self::Redis(limiter) => {
+                limiter.check(check).await.map_err(|source| IdentityCheckError::Redis { source })
             }
         }
     }
@@ -103,6 +139,9 @@ impl Limiter for IdentityLimiter {
             Self::Postgres(limiter) => {
                 limiter.check_all(checks).await.map_err(|source| IdentityBatchError::Postgres { source })
             }
+            Self::Redis(limiter) => {
+                limiter.check_all(checks).await.map_err(|source| IdentityBatchError::Redis { source })
+            }
         }
     }
 }
@@ -112,6 +151,7 @@ impl fmt::Debug for IdentityLimiter {
         match self {
             Self::Memory(_) => f.write_str("IdentityLimiter::Memory"),
             Self::Postgres(_) => f.write_str("IdentityLimiter::Postgres"),
+            Self::Redis(_) => f.write_str("IdentityLimiter::Redis"),
         }
     }
 }
@@ -119,13 +159,29 @@ impl fmt::Debug for IdentityLimiter {
 /// The backend of the `items` GCRA gate.
 ///
 /// Runtime selection between the process-local [`GcraStore`] and the shared
-/// [`PostgresGcraLimiter`] (issue 5), both `Limiter<Policy = GcraPolicy>` and fed the same
-/// policy-bound checks.
+/// [`PostgresGcraLimiter`] (issue 5) or [`RedisGcraLimiter`], all `Limiter<Policy =
+/// GcraPolicy>` and fed the same policy-bound checks.
 pub enum ItemsLimiter {
     /// Process-local GCRA (no `--database-url`): each replica has its own burst.
     Memory(GcraStore<SystemClock, DemoObserver>),
     /// Shared by every replica using the database (`--database-url`), migrated at start.
     Postgres(PostgresGcraLimiter<DemoObserver>),
+    /// Shared by every replica using the Redis server and key prefix (`--redis-url`, which
+    /// takes precedence over `--database-url` for this gate), prepared at start.
+    Redis(RedisGcraLimiter<DemoObserver>),
+}
+
+impl ItemsLimiter {
+    /// The backend's label, as in logs, metrics and `/healthz`: `"memory"`, `"postgres"` or
+    /// `"redis"`.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            Self::Postgres(_) => "postgres",
+            Self::Redis(_) => "redis",
+        }
+    }
 }
 
 /// Why the items gate could not evaluate a check. The request is refused (503).
@@ -147,6 +203,14 @@ pub enum ItemsCheckError {
         #[source]
         source: CheckError,
     },
+    /// Redis failed; see [`runlimit_redis::CheckError::consumption`] for whether quota may
+    /// have been consumed (never retried automatically).
+    #[error("redis gcra store unavailable")]
+    Redis {
+        /// The backend's error.
+        #[source]
+        source: runlimit_redis::CheckError,
+    },
 }
 
 /// Why the items gate could not evaluate a batch.
@@ -167,6 +231,13 @@ pub enum ItemsBatchError {
         #[source]
         source: BatchCheckError,
     },
+    /// Redis rejected or failed the batch.
+    #[error("redis gcra store rejected the batch")]
+    Redis {
+        /// The backend's error.
+        #[source]
+        source: runlimit_redis::BatchCheckError,
+    },
 }
 
 impl Limiter for ItemsLimiter {
@@ -180,6 +251,9 @@ impl Limiter for ItemsLimiter {
             Self::Postgres(limiter) => {
                 limiter.check(check).await.map_err(|source| ItemsCheckError::Postgres { source })
             }
+            Self::Redis(limiter) => {
+                limiter.check(check).await.map_err(|source| ItemsCheckError::Redis { source })
+            }
         }
     }
 
@@ -191,6 +265,9 @@ impl Limiter for ItemsLimiter {
             Self::Postgres(limiter) => {
                 limiter.check_all(checks).await.map_err(|source| ItemsBatchError::Postgres { source })
             }
+            Self::Redis(limiter) => {
+                limiter.check_all(checks).await.map_err(|source| ItemsBatchError::Redis { source })
+            }
         }
     }
 }
@@ -200,6 +277,7 @@ impl fmt::Debug for ItemsLimiter {
         match self {
             Self::Memory(_) => f.write_str("ItemsLimiter::Memory"),
             Self::Postgres(_) => f.write_str("ItemsLimiter::Postgres"),
+            Self::Redis(_) => f.write_str("ItemsLimiter::Redis"),
         }
     }
 }
@@ -364,6 +442,18 @@ impl LoginAttempts {
     }
 }
 
+impl LoginAttempts {
+    /// The backend's label, as in logs, metrics and `/healthz`: `"memory"` or `"postgres"`
+    /// (attempts never use Redis).
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+}
+
 impl fmt::Debug for LoginAttempts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -384,17 +474,59 @@ pub struct Backends {
     pub items: Arc<ItemsLimiter>,
     /// The `login-attempts` password-check attempt limiter.
     pub attempts: Arc<LoginAttempts>,
+    /// The pool every PostgreSQL-backed limiter uses (`--database-url`), probed by
+    /// [`readiness`](Self::readiness); `None` without a database.
+    pub postgres: Option<PgPool>,
 }
 
-/// What `GET /healthz` answers, as JSON: `{"status":"ready","backend":"memory"}`, or
-/// `{"status":"unavailable","backend":"postgres","reason":"..."}` with 503.
+/// What `GET /healthz` answers, as JSON (200 when ready, 503 otherwise).
+///
+/// When the shared gates use one backend, memory, PostgreSQL or Redis:
+///
+/// ```text
+/// {"status":"ready","backend":"redis"}
+/// {"status":"unavailable","backend":"redis","reason":"redis probe failed"}
+/// ```
+///
+/// With both `--redis-url` and `--database-url` (identity and items on Redis, attempts on
+/// PostgreSQL) `backend` is `"redis+postgres"`, and `backends` lists every backend a login
+/// needs, in the order a request meets them, with the gates each serves and its own status;
+/// the top-level `reason` is the first unavailable backend's:
+///
+/// ```text
+/// {"status":"unavailable","backend":"redis+postgres","reason":"database query failed","backends":[
+///   {"backend":"memory","gates":["login-client"],"status":"ready"},
+///   {"backend":"redis","gates":["login-identity","items"],"status":"ready"},
+///   {"backend":"postgres","gates":["login-attempts"],"status":"unavailable","reason":"database query failed"}]}
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Readiness {
     /// `"ready"` or `"unavailable"`.
     pub status: &'static str,
-    /// The backend of the shared gates: `"memory"` or `"postgres"`.
+    /// The backend of the shared gates ([`Backends::label`]): `"memory"`, `"postgres"`,
+    /// `"redis"` or `"redis+postgres"`.
     pub backend: &'static str,
-    /// Why the service is unavailable; absent when ready.
+    /// Why the service is unavailable (the first unavailable backend's reason); absent when
+    /// ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Each backend with the gates it serves, only when the shared gates use two backends
+    /// (Redis and PostgreSQL); empty and not serialized otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<BackendReadiness>,
+}
+
+/// One backend's readiness in [`Readiness::backends`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BackendReadiness {
+    /// `"memory"`, `"redis"` or `"postgres"`.
+    pub backend: &'static str,
+    /// The names of the gates it serves (`login-client`, `login-identity`, `items`,
+    /// `login-attempts`).
+    pub gates: Vec<&'static str>,
+    /// `"ready"` or `"unavailable"`.
+    pub status: &'static str,
+    /// Why it is unavailable; absent when ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -405,14 +537,10 @@ impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.reason.is_none()
     }
+}
 
-    fn ready(backend: &'static str) -> Self {
-        Self { status: "ready", backend, reason: None }
-    }
-
-    fn unavailable(backend: &'static str, reason: String) -> Self {
-        Self { status: "unavailable", backend, reason: Some(reason) }
-    }
+fn status(result: &Result<(), String>) -> &'static str {
+    if result.is_ok() { "ready" } else { "unavailable" }
 }
 
 fn poisoned(stats: &MemoryStoreStats) -> usize {
@@ -420,52 +548,124 @@ fn poisoned(stats: &MemoryStoreStats) -> usize {
 }
 
 impl Backends {
-    /// The backend label of the shared gates, `"memory"` or `"postgres"`.
+    /// The label of the shared gates' backends (identity, items, attempts): `"memory"` when
+    /// all are in memory, otherwise the others: `"postgres"`, `"redis"` or `"redis+postgres"`.
     #[must_use]
     pub fn label(&self) -> &'static str {
-        match *self.identity {
-            IdentityLimiter::Memory(_) => "memory",
-            IdentityLimiter::Postgres(_) => "postgres",
+        let labels = [self.identity.label(), self.items.label(), self.attempts.label()];
+        match (labels.contains(&"redis"), labels.contains(&"postgres")) {
+            (false, false) => "memory",
+            (false, true) => "postgres",
+            (true, false) => "redis",
+            (true, true) => "redis+postgres",
         }
     }
 
-    /// Readiness of every backend a request may need: no memory store may have a poisoned
-    /// shard (every admission touching one fails closed), and in PostgreSQL mode the database
-    /// of every PostgreSQL-backed gate must answer `SELECT 1` within `timeout` (the attempt
-    /// limiter shares that pool). A poisoned shard of the in-memory attempt limiter is not
-    /// seen here: `MemoryAttemptLimiter` exposes no shard statistics (its admissions still
-    /// fail closed with 503).
+    /// Each backend in use with the names of the gates it serves: memory first (the
+    /// `login-client` gate is always there), then Redis, then PostgreSQL.
+    fn gates_by_backend(&self) -> Vec<(&'static str, Vec<&'static str>)> {
+        let gates = [
+            ("login-client", "memory"),
+            ("login-identity", self.identity.label()),
+            ("items", self.items.label()),
+            ("login-attempts", self.attempts.label()),
+        ];
+        ["memory", "redis", "postgres"]
+            .into_iter()
+            .map(|backend| {
+                let served =
+                    gates.iter().filter(|(_, used)| *used == backend).map(|(gate, _)| *gate).collect();
+                (backend, served)
+            })
+            .filter(|(_, served): &(_, Vec<_>)| !served.is_empty())
+            .collect()
+    }
+
+    /// Readiness of every backend a request may need, each probed within `timeout` (Redis and
+    /// PostgreSQL concurrently):
+    ///
+    /// - memory: no store may have a poisoned shard (every admission touching one fails
+    ///   closed). A poisoned shard of the in-memory attempt limiter is not seen here:
+    ///   `MemoryAttemptLimiter` exposes no shard statistics (its admissions still fail closed
+    ///   with 503).
+    /// - Redis: [`RedisStore::prepare`] on each Redis limiter (each has its own connection):
+    ///   the server answers, is Redis 7 or newer with `maxmemory-policy noeviction`, not in
+    ///   cluster mode, and has the scripts loaded.
+    /// - PostgreSQL: the pool answers `SELECT 1`.
     pub async fn readiness(&self, timeout: Duration) -> Readiness {
         let label = self.label();
+        let redis = async {
+            if let IdentityLimiter::Redis(limiter) = &*self.identity {
+                prepare(limiter, timeout).await?;
+            }
+            if let ItemsLimiter::Redis(limiter) = &*self.items {
+                prepare(limiter, timeout).await?;
+            }
+            Ok(())
+        };
+        let postgres = async {
+            match &self.postgres {
+                Some(pool) => probe(pool, timeout).await,
+                None => Ok(()),
+            }
+        };
+        let (redis, postgres) = tokio::join!(redis, postgres);
         let mut poisoned_shards = poisoned(&self.client.stats());
-        match &*self.identity {
-            IdentityLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
-            IdentityLimiter::Postgres(limiter) => {
-                if let Err(reason) = probe(limiter.pool(), timeout).await {
-                    return Readiness::unavailable(label, reason);
-                }
-            }
+        if let IdentityLimiter::Memory(store) = &*self.identity {
+            poisoned_shards += poisoned(&store.stats());
         }
-        match &*self.items {
-            ItemsLimiter::Memory(store) => poisoned_shards += poisoned(&store.stats()),
-            ItemsLimiter::Postgres(limiter) => {
-                if let Err(reason) = probe(limiter.pool(), timeout).await {
-                    return Readiness::unavailable(label, reason);
-                }
-            }
+        if let ItemsLimiter::Memory(store) = &*self.items {
+            poisoned_shards += poisoned(&store.stats());
         }
-        if poisoned_shards > 0 {
-            return Readiness::unavailable(
-                label,
-                format!("{poisoned_shards} memory store shard(s) poisoned"),
-            );
+        let memory = if poisoned_shards > 0 {
+            Err(format!("{poisoned_shards} memory store shard(s) poisoned"))
+        } else {
+            Ok(())
+        };
+
+        let entries: Vec<BackendReadiness> = self
+            .gates_by_backend()
+            .into_iter()
+            .map(|(backend, gates)| {
+                let result = match backend {
+                    "redis" => &redis,
+                    "postgres" => &postgres,
+                    _ => &memory,
+                };
+                BackendReadiness { backend, gates, status: status(result), reason: result.clone().err() }
+            })
+            .collect();
+        // The shared backends' reasons first (a database that is down explains more than a
+        // poisoned shard), then memory's.
+        let reason = [&redis, &postgres, &memory].into_iter().find_map(|result| result.clone().err());
+        let status = if reason.is_some() { "unavailable" } else { "ready" };
+        let backends = if label == "redis+postgres" { entries } else { Vec::new() };
+        Readiness { status, backend: label, reason, backends }
+    }
+}
+
+/// [`RedisStore::prepare`] within `timeout`; the `Err` is the readiness reason (fixed texts:
+/// the cause is logged, never shown).
+async fn prepare<P, O>(limiter: &RedisStore<P, O>, timeout: Duration) -> Result<(), String>
+where
+    P: runlimit_redis::RedisAlgorithm,
+    O: runlimit_core::Observer,
+{
+    match tokio::time::timeout(timeout, limiter.prepare()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => {
+            tracing::warn!(address = %limiter.address(), error = %ErrorChain(&error), "redis readiness probe failed");
+            Err(match error {
+                PrepareError::Unreachable(_) => "redis probe failed".to_owned(),
+                _ => "redis server unsuitable".to_owned(),
+            })
         }
-        Readiness::ready(label)
+        Err(_) => Err(format!("redis did not answer within {} ms", timeout.as_millis())),
     }
 }
 
 /// `SELECT 1` on `pool` within `timeout`; the `Err` is the readiness reason.
-async fn probe(pool: &sqlx::PgPool, timeout: Duration) -> Result<(), String> {
+async fn probe(pool: &PgPool, timeout: Duration) -> Result<(), String> {
     match tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(pool)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(error)) => {
@@ -477,20 +677,21 @@ async fn probe(pool: &sqlx::PgPool, timeout: Duration) -> Result<(), String> {
 }
 
 impl Backends {
-    /// In PostgreSQL mode, spawns the periodic bounded cleanup of expired rows: every
-    /// `interval`, `cleanup_expired(CLEANUP_BATCH_ROWS)` on the fixed-window identity limiter,
-    /// then on the GCRA items limiter (expiry alone does not free a capacity-ledger slot).
-    /// Failures are logged and retried at the next tick, never immediately. `None` in memory
-    /// mode, whose stores clean up on every check. The attempt limiter needs no task: its
-    /// admissions reclaim expired rows of their shard.
+    /// With a PostgreSQL or Redis gate, spawns the periodic bounded cleanup of expired state:
+    /// every `interval`, `cleanup_expired(1_000)` on the identity limiter (fixed windows), then
+    /// on the items limiter (GCRA), whichever of them is in PostgreSQL or Redis (expiry alone
+    /// does not free a PostgreSQL capacity-ledger slot or a Redis shard slot that no admission
+    /// touches). Failures are logged and retried at the next tick, never immediately. `None`
+    /// when both are in memory, whose stores clean up on every check. The attempt limiter
+    /// needs no task: its admissions reclaim expired state of their shard.
     #[must_use]
     pub fn spawn_maintenance(&self, interval: Duration) -> Option<JoinHandle<()>> {
-        /// Rows removed per cleanup pass and limiter at most.
-        const CLEANUP_BATCH_ROWS: u32 = 1_000;
+        /// Entries removed per cleanup pass and limiter at most.
+        const CLEANUP_BATCH: u32 = 1_000;
 
-        let postgres = matches!(*self.identity, IdentityLimiter::Postgres(_))
-            || matches!(*self.items, ItemsLimiter::Postgres(_));
-        if !postgres {
+        let shared = !matches!(*self.identity, IdentityLimiter::Memory(_))
+            || !matches!(*self.items, ItemsLimiter::Memory(_));
+        if !shared {
             return None;
         }
         let identity = Arc::clone(&self.identity);
@@ -500,25 +701,55 @@ impl Backends {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                if let IdentityLimiter::Postgres(limiter) = &*identity {
-                    log_cleanup("fixed_window", limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await);
+                match &*identity {
+                    IdentityLimiter::Memory(_) => {}
+                    IdentityLimiter::Postgres(limiter) => log_cleanup(
+                        "postgres",
+                        "fixed_window",
+                        limiter.cleanup_expired(CLEANUP_BATCH).await,
+                        runlimit_postgres::MaintenanceError::may_have_removed_rows,
+                    ),
+                    IdentityLimiter::Redis(limiter) => log_cleanup(
+                        "redis",
+                        "fixed_window",
+                        limiter.cleanup_expired(CLEANUP_BATCH).await,
+                        runlimit_redis::MaintenanceError::may_have_removed_entries,
+                    ),
                 }
-                if let ItemsLimiter::Postgres(limiter) = &*items {
-                    log_cleanup("gcra", limiter.cleanup_expired(CLEANUP_BATCH_ROWS).await);
+                match &*items {
+                    ItemsLimiter::Memory(_) => {}
+                    ItemsLimiter::Postgres(limiter) => log_cleanup(
+                        "postgres",
+                        "gcra",
+                        limiter.cleanup_expired(CLEANUP_BATCH).await,
+                        runlimit_postgres::MaintenanceError::may_have_removed_rows,
+                    ),
+                    ItemsLimiter::Redis(limiter) => log_cleanup(
+                        "redis",
+                        "gcra",
+                        limiter.cleanup_expired(CLEANUP_BATCH).await,
+                        runlimit_redis::MaintenanceError::may_have_removed_entries,
+                    ),
                 }
             }
         }))
     }
 }
 
-fn log_cleanup(table: &'static str, result: Result<u64, runlimit_postgres::MaintenanceError>) {
+fn log_cleanup<E: std::error::Error + 'static>(
+    backend: &'static str,
+    algorithm: &'static str,
+    result: Result<u64, E>,
+    may_have_removed: impl FnOnce(&E) -> bool,
+) {
     match result {
-        Ok(removed) => tracing::debug!(table, removed, "expired rows removed"),
+        Ok(removed) => tracing::debug!(backend, algorithm, removed, "expired entries removed"),
         Err(error) => tracing::warn!(
-            table,
+            backend,
+            algorithm,
             error = %ErrorChain(&error),
-            may_have_removed_rows = error.may_have_removed_rows(),
-            "cleanup of expired rows failed"
+            may_have_removed_entries = may_have_removed(&error),
+            "cleanup of expired entries failed"
         ),
     }
 }

@@ -5,6 +5,8 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
+use runlimit_redis::{ConfigError, KeyPrefix, MAX_KEYS_PER_SHARD};
+
 /// The demo's command-line options (`runlimit-demo --help`).
 ///
 /// Every window and period is in whole seconds, which is what `RateLimit-Policy`'s `w`
@@ -32,6 +34,12 @@ use std::{
         identity gate, the attempt limiter and the GCRA gate of /items move to PostgreSQL \
         (migrations applied at start) so replicas share them; the per-client gate stays in memory \
         per process.\n\n\
+        With --redis-url (or REDIS_URL) the identity gate and the GCRA gate of /items move to \
+        Redis 7 or newer (RedisLimiter, RedisGcraLimiter; the server is checked at start: \
+        maxmemory-policy noeviction, not cluster mode) under --redis-key-prefix, so replicas \
+        using the same server, prefix and secret share them; the attempt limiter stays in memory, \
+        or in PostgreSQL when --database-url is given too (then identity and items use Redis, \
+        attempts PostgreSQL). GET /healthz then probes Redis as well.\n\n\
         The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
         ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
         Logs go to stderr (RUST_LOG, default info); stdout gets one line once the server is \
@@ -42,10 +50,31 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL for the shared identity, attempt and items limiters; without it everything
-    /// is in memory.
+    /// PostgreSQL URL for the shared attempt limiter, and for the identity and items gates unless
+    /// --redis-url moves them to Redis; without either everything is in memory.
     #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Redis URL, redis://USER:PASSWORD@HOST:PORT/DB (all but the host optional), for the shared
+    /// identity and items gates; the attempt limiter stays in memory (or PostgreSQL with
+    /// --database-url).
+    #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// The namespace of every Redis key (with --redis-url): replicas sharing quotas use the same
+    /// prefix. 1 to 64 ASCII letters, digits, '.', '_', '-' or ':'.
+    #[arg(long, value_name = "PREFIX", default_value = "runlimit-demo", value_parser = redis_key_prefix)]
+    pub redis_key_prefix: KeyPrefix,
+
+    /// Hard bound on keys per Redis shard, for each of the two Redis limiters (256 shards each;
+    /// a new key for a full shard is refused with 503, nothing is evicted).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 4_096,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_KEYS_PER_SHARD))
+    )]
+    pub redis_max_keys_per_shard: u32,
 
     /// A proxy whose X-Forwarded-For is trusted: when the socket peer is this address, the
     /// client is the rightmost X-Forwarded-For entry. Repeatable. Without it forwarding headers
@@ -116,19 +145,27 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub database_max_connections: u32,
 
-    /// Seconds between bounded cleanups of expired PostgreSQL rows (fixed-window and GCRA;
-    /// with --database-url).
+    /// Seconds between bounded cleanups of expired fixed-window and GCRA state in PostgreSQL
+    /// (with --database-url) and Redis (with --redis-url).
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub cleanup_interval_secs: u64,
 }
 
+/// Parses `--redis-key-prefix`.
+fn redis_key_prefix(prefix: &str) -> Result<KeyPrefix, ConfigError> {
+    KeyPrefix::new(prefix)
+}
+
 impl fmt::Debug for Args {
-    /// Every option except the database URL, which may embed a password: only whether one is
-    /// set is shown.
+    /// Every option except the database and Redis URLs, which may embed a password: only
+    /// whether one is set is shown.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Args")
             .field("listen", &self.listen)
             .field("database_url", &self.database_url.as_ref().map(|_| "<redacted>"))
+            .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
+            .field("redis_key_prefix", &self.redis_key_prefix)
+            .field("redis_max_keys_per_shard", &self.redis_max_keys_per_shard)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("client_limit", &self.client_limit)
             .field("client_window_secs", &self.client_window_secs)
@@ -171,6 +208,42 @@ mod tests {
                 args.attempt_lease_secs
             ),
             (1, 60, 900, 30)
+        );
+        assert_eq!(args.redis_url, None);
+        assert_eq!(args.redis_key_prefix.as_str(), "runlimit-demo");
+        assert_eq!(args.redis_max_keys_per_shard, 4_096);
+    }
+
+    #[test]
+    fn redis_options() {
+        let args = Args::try_parse_from([
+            "runlimit-demo",
+            "--redis-url",
+            "redis://:hunter2@127.0.0.1:6379/0",
+            "--redis-key-prefix",
+            "demo.e2e-1:x",
+            "--redis-max-keys-per-shard",
+            "1048576",
+        ])
+        .unwrap();
+        assert_eq!(args.redis_url.as_deref(), Some("redis://:hunter2@127.0.0.1:6379/0"));
+        assert_eq!(args.redis_key_prefix.as_str(), "demo.e2e-1:x");
+        assert_eq!(args.redis_max_keys_per_shard, 1_048_576);
+        let debug = format!("{args:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains(r#"redis_url: Some("<redacted>")"#), "{debug}");
+
+        let error = Args::try_parse_from(["runlimit-demo", "--redis-key-prefix", "a{b}"]).unwrap_err();
+        assert_eq!(
+            error.to_string().lines().next().unwrap(),
+            "error: invalid value 'a{b}' for '--redis-key-prefix <PREFIX>': key prefix must be 1 to 64 \
+             ASCII letters, digits, '.', '_', '-' or ':'"
+        );
+        let error =
+            Args::try_parse_from(["runlimit-demo", "--redis-max-keys-per-shard", "1048577"]).unwrap_err();
+        assert_eq!(
+            error.to_string().lines().next().unwrap(),
+            "error: invalid value '1048577' for '--redis-max-keys-per-shard <N>': 1048577 is not in 1..=1048576"
         );
     }
 

@@ -1,5 +1,5 @@
 //! The Runlimit demo service: an Axum server protecting a login endpoint and a read endpoint
-//! with Runlimit, in memory or (for the shared gates) on PostgreSQL.
+//! with Runlimit, in memory or (for the shared gates) on PostgreSQL and/or Redis.
 //!
 //! Run it with no setup:
 //!
@@ -29,8 +29,8 @@
 //! | name | policy id / scope | algorithm | subject | storage |
 //! |---|---|---|---|---|
 //! | `login-client` | `demo.login` / `client` | anchored fixed window | client network ([`ClientKey`]) | hard-bounded `MemoryStore`, always per process |
-//! | `login-identity` | `demo.login` / `identity` | anchored fixed window | normalized identity ([`normalize_identity`]) | `MemoryStore`; `PostgresLimiter` with `--database-url` |
-//! | `items` | `demo.items` / `client` | GCRA | client network ([`ClientKey`]) | `GcraStore`; `PostgresGcraLimiter` with `--database-url` |
+//! | `login-identity` | `demo.login` / `identity` | anchored fixed window | normalized identity ([`normalize_identity`]) | `MemoryStore`; `PostgresLimiter` with `--database-url`; `RedisLimiter` with `--redis-url` |
+//! | `items` | `demo.items` / `client` | GCRA | client network ([`ClientKey`]) | `GcraStore`; `PostgresGcraLimiter` with `--database-url`; `RedisGcraLimiter` with `--redis-url` |
 //!
 //! The per-client `login-client` gate is the coarse, hard-bounded memory gate the Runlimit
 //! documentation recommends in front of body parsing and database acquisition: a flood from
@@ -49,8 +49,8 @@
 //! identity's subject under an [`AttemptPolicy`](runlimit_core::attempts::AttemptPolicy)
 //! (`demo.login` / `attempt`, subject
 //! [`KeyHasher::hash_attempt_for`](runlimit_core::KeyHasher::hash_attempt_for) of the
-//! normalized identity), through [`LoginAttempts`]: `MemoryAttemptLimiter` in memory mode,
-//! `PostgresAttemptLimiter` with `--database-url`.
+//! normalized identity), through [`LoginAttempts`]: `MemoryAttemptLimiter` in memory and
+//! Redis-only mode, `PostgresAttemptLimiter` with `--database-url`.
 //!
 //! 1. `acquire`: at most one check per identity in flight, and none while the identity backs
 //!    off after a failure. A denial is `429` with `Retry-After` (the remaining delay in whole
@@ -82,8 +82,23 @@
 //!   application enums implementing [`Limiter`](runlimit_core::Limiter) that dispatch to the
 //!   chosen backend.
 //!
-//! All replicas sharing a database must use the same policies, normalization rules and HMAC
-//! secret.
+//! - `--redis-url` (or `REDIS_URL`): the `login-identity` gate moves to
+//!   `runlimit_redis::RedisLimiter` and the `items` GCRA gate to
+//!   `runlimit_redis::RedisGcraLimiter`, under `--redis-key-prefix` (default
+//!   `runlimit-demo`), each with `--redis-max-keys-per-shard` keys per shard (4,096). At start
+//!   both are prepared (`RedisStore::prepare`: Redis 7.0 or newer, `maxmemory-policy
+//!   noeviction`, not cluster mode, scripts loaded); a failure stops the demo with the address,
+//!   the cause and the fix. The attempt limiter stays in memory: attempts do not use Redis.
+//! - Both: identity and items on Redis, the attempt limiter on PostgreSQL.
+//!
+//! All replicas sharing a database or a Redis server (and key prefix) must use the same
+//! policies, normalization rules and HMAC secret.
+//!
+//! `GET /healthz` probes every backend a request needs: memory shards, Redis
+//! (`RedisStore::prepare` on each Redis limiter) and PostgreSQL (`SELECT 1`), each within 1 s;
+//! see [`Readiness`] for the JSON, including the `backends` list when Redis and PostgreSQL are
+//! both in use. With a PostgreSQL or Redis gate, expired fixed-window and GCRA state is cleaned
+//! up every `--cleanup-interval-secs` ([`Backends::spawn_maintenance`]).
 //!
 //! # Client addresses
 //!
@@ -122,7 +137,7 @@
 //! Prometheus text format: admissions by policy, outcome and consumption, durations in
 //! seconds (histograms with buckets from 10 µs to 2.5 s), memory shard occupancy, cleanups,
 //! resets and attempt events. The same observation feeds the logs and the metrics
-//! ([`DemoObserver`]), with `backend` `"memory"` or `"postgres"`.
+//! ([`DemoObserver`]), with `backend` `"memory"`, `"postgres"` or `"redis"`.
 //!
 //! # Key secret
 //!
@@ -146,9 +161,9 @@ mod users;
 
 pub use crate::app::{App, Gates, GatesError, LOGIN_BODY_LIMIT, LoginRequest, router};
 pub use crate::backend::{
-    AttemptAcquireError, AttemptCompleteError, Backends, ClientStore, IdentityBatchError, IdentityCheckError,
-    IdentityLimiter, ItemsBatchError, ItemsCheckError, ItemsLimiter, LoginAttemptReceipt, LoginAttempts,
-    Readiness,
+    AttemptAcquireError, AttemptCompleteError, BackendReadiness, Backends, ClientStore, IdentityBatchError,
+    IdentityCheckError, IdentityLimiter, ItemsBatchError, ItemsCheckError, ItemsLimiter, LoginAttemptReceipt,
+    LoginAttempts, Readiness,
 };
 pub use crate::cli::Args;
 pub use crate::client::{ClientAddressError, ClientKey, ClientNetwork, client_network};

@@ -44,7 +44,7 @@ impl AttemptObserver for DemoObserver {
 
 /// A Runlimit [`Observer`] that emits one `tracing` event per admission.
 ///
-/// Target `runlimit_demo::admission`, fields `backend` (`"memory"` or `"postgres"`),
+/// Target `runlimit_demo::admission`, fields `backend` (`"memory"`, `"postgres"` or `"redis"`),
 /// `policy`, `scope`, `outcome` (`allowed`, `shadow_denied`, `quota_exceeded`,
 /// `storage_capacity`, `invalid_batch`, `failed`), `consumption` (`consumed`,
 /// `not_consumed`, `may_have_been_consumed`) and `elapsed_us`. Failures are `WARN`, every

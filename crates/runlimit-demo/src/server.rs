@@ -15,6 +15,7 @@ use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{
     MigrationError, PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter,
 };
+use runlimit_redis::{PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter, RedisStore};
 use sqlx::{
     Connection as _,
     postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
@@ -89,6 +90,49 @@ pub enum RunError {
         address: String,
         /// How long startup waited.
         timeout: Duration,
+    },
+    /// `--redis-url` (or `REDIS_URL`) is not a Redis URL the demo can use.
+    #[error(
+        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] \
+         (no TLS, no Unix socket)"
+    )]
+    RedisUrl {
+        /// runlimit-redis' reason.
+        #[source]
+        source: runlimit_redis::UrlError,
+    },
+    /// A Redis limiter setting was rejected (`--redis-max-keys-per-shard`).
+    #[error("invalid Redis limiter options (--redis-max-keys-per-shard)")]
+    RedisConfig {
+        /// runlimit-redis' reason.
+        #[source]
+        source: runlimit_redis::ConfigError,
+    },
+    /// The `--redis-url` server could not be reached, or refused the startup checks' commands
+    /// (`INFO`, `SCRIPT LOAD`).
+    #[error(
+        "cannot use Redis at {address} (--redis-url); check that the server runs there, accepts TCP \
+         connections, and that the URL's credentials and database are right"
+    )]
+    RedisConnect {
+        /// `host:port` of the URL (never its password).
+        address: String,
+        /// Why ([`PrepareError::Unreachable`]).
+        #[source]
+        source: PrepareError,
+    },
+    /// The `--redis-url` server cannot keep the limits: older than Redis 7.0, a
+    /// `maxmemory-policy` other than `noeviction`, or cluster mode.
+    #[error(
+        "Redis at {address} (--redis-url) cannot hold the demo's limits; use a standalone Redis 7.0 or \
+         newer with maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction)"
+    )]
+    RedisUnsuitable {
+        /// `host:port` of the URL (never its password).
+        address: String,
+        /// Why.
+        #[source]
+        source: PrepareError,
     },
     /// The runlimit-postgres migrations could not be applied.
     #[error("failed to apply the runlimit-postgres migrations")]
@@ -166,61 +210,122 @@ fn install_metrics() -> Result<PrometheusHandle, RunError> {
 /// How long startup waits for the first PostgreSQL connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connects the `--database-url` pool: one connection first, so that a failure names its
+/// cause (a pool would retry until its acquire timeout and report only that).
+async fn postgres_pool(args: &Args, url: &str) -> Result<sqlx::PgPool, RunError> {
+    let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
+    let address = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username())
+    );
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Err(_) => return Err(RunError::ConnectTimeout { address, timeout: CONNECT_TIMEOUT }),
+        Ok(Err(source)) => return Err(RunError::Connect { address, source }),
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(args.database_max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_lazy_with(options))
+}
+
+/// The two Redis limiters of `--redis-url` (each with its own connection), prepared:
+/// the server checked (Redis 7 or newer, `noeviction`, not cluster mode) and the scripts loaded.
+async fn redis_limiters(
+    args: &Args,
+    url: &str,
+) -> Result<(RedisLimiter<DemoObserver>, RedisGcraLimiter<DemoObserver>), RunError> {
+    let config = RedisConfig::default()
+        .with_key_prefix(args.redis_key_prefix.clone())
+        .with_maximum_keys_per_shard(args.redis_max_keys_per_shard)
+        .map_err(|source| RunError::RedisConfig { source })?;
+    let redis = |store| DemoObserver::new("redis", store);
+    let identity = RedisLimiter::new(url)
+        .map_err(|source| RunError::RedisUrl { source })?
+        .with_config(config.clone())
+        .with_observer(redis("login-identity"));
+    let items = RedisGcraLimiter::new(url)
+        .map_err(|source| RunError::RedisUrl { source })?
+        .with_config(config)
+        .with_observer(redis("items"));
+    prepare_redis(&identity).await?;
+    prepare_redis(&items).await?;
+    tracing::info!(
+        address = %identity.address(),
+        key_prefix = args.redis_key_prefix.as_str(),
+        "runlimit-redis server checked and scripts loaded"
+    );
+    Ok((identity, items))
+}
+
+async fn prepare_redis<P: runlimit_redis::RedisAlgorithm>(
+    limiter: &RedisStore<P, DemoObserver>,
+) -> Result<(), RunError> {
+    // Bounded by the limiter's connect and operation timeouts (1 s each).
+    limiter.prepare().await.map_err(|source| {
+        let address = limiter.address();
+        match source {
+            PrepareError::Unreachable(_) => RunError::RedisConnect { address, source },
+            _ => RunError::RedisUnsuitable { address, source },
+        }
+    })
+}
+
+/// The limiters: `login-client` always in memory; `login-identity` and `items` on Redis with
+/// `--redis-url`, else on PostgreSQL with `--database-url`, else in memory; `login-attempts`
+/// on PostgreSQL with `--database-url`, else in memory. Every shared backend is checked
+/// (PostgreSQL connected and migrated, Redis prepared) before the server starts.
 async fn backends(args: &Args) -> Result<Backends, RunError> {
     let config = memory_config(args)?;
     let memory = |store| DemoObserver::new("memory", store);
+    let postgres = |store| DemoObserver::new("postgres", store);
     let client = Arc::new(MemoryStore::builder(config).with_observer(memory("login-client")).build());
-    let (identity, items, attempts) = match &args.database_url {
-        None => (
-            IdentityLimiter::Memory(
-                MemoryStore::builder(config).with_observer(memory("login-identity")).build(),
-            ),
-            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(memory("items")).build()),
-            LoginAttempts::Memory(
-                MemoryAttemptLimiter::builder(config).with_observer(memory("login-attempts")).build(),
-            ),
-        ),
-        Some(url) => {
-            let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
-            let address = format!(
-                "{}:{}/{}",
-                options.get_host(),
-                options.get_port(),
-                options.get_database().unwrap_or(options.get_username())
-            );
-            // One connection first, so that a failure names its cause (a pool would retry
-            // until its acquire timeout and report only that).
-            match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-                Err(_) => return Err(RunError::ConnectTimeout { address, timeout: CONNECT_TIMEOUT }),
-                Ok(Err(source)) => return Err(RunError::Connect { address, source }),
-                Ok(Ok(connection)) => {
-                    let _ = connection.close().await;
-                }
-            }
-            let pool = PgPoolOptions::new()
-                .max_connections(args.database_max_connections)
-                .acquire_timeout(CONNECT_TIMEOUT)
-                .connect_lazy_with(options);
-            let postgres = |store| DemoObserver::new("postgres", store);
+    let pool = match &args.database_url {
+        Some(url) => Some(postgres_pool(args, url).await?),
+        None => None,
+    };
+    let redis = match &args.redis_url {
+        Some(url) => Some(redis_limiters(args, url).await?),
+        None => None,
+    };
+    let (identity, items) = match (redis, &pool) {
+        (Some((identity, items)), _) => (IdentityLimiter::Redis(identity), ItemsLimiter::Redis(items)),
+        (None, Some(pool)) => {
             let identity = PostgresLimiter::new(pool.clone()).with_observer(postgres("login-identity"));
             identity.migrate().await.map_err(|source| RunError::Migrate { source })?;
             let items = PostgresGcraLimiter::new(pool.clone()).with_observer(postgres("items"));
             items.migrate().await.map_err(|source| RunError::Migrate { source })?;
-            let attempts = PostgresAttemptLimiter::new(pool).with_observer(postgres("login-attempts"));
+            (IdentityLimiter::Postgres(identity), ItemsLimiter::Postgres(items))
+        }
+        (None, None) => (
+            IdentityLimiter::Memory(
+                MemoryStore::builder(config).with_observer(memory("login-identity")).build(),
+            ),
+            ItemsLimiter::Memory(GcraStore::builder(config).with_observer(memory("items")).build()),
+        ),
+    };
+    let attempts = match &pool {
+        Some(pool) => {
+            let attempts =
+                PostgresAttemptLimiter::new(pool.clone()).with_observer(postgres("login-attempts"));
             attempts.migrate().await.map_err(|source| RunError::Migrate { source })?;
             tracing::info!("runlimit-postgres migrations applied");
-            (
-                IdentityLimiter::Postgres(identity),
-                ItemsLimiter::Postgres(items),
-                LoginAttempts::Postgres(attempts),
-            )
+            LoginAttempts::Postgres(attempts)
         }
+        None => LoginAttempts::Memory(
+            MemoryAttemptLimiter::builder(config).with_observer(memory("login-attempts")).build(),
+        ),
     };
     Ok(Backends {
         client,
         identity: Arc::new(identity),
         items: Arc::new(items),
         attempts: Arc::new(attempts),
+        postgres: pool,
     })
 }
 
@@ -246,7 +351,8 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let gates = Gates::new(&args).map_err(|source| RunError::Gates { source })?;
     let metrics = install_metrics()?;
     let backends = backends(&args).await?;
-    let label = backends.label();
+    let (identity_gate, items_gate, attempt_limiter) =
+        (backends.identity.label(), backends.items.label(), backends.attempts.label());
     let upkeep = metrics.clone();
     let app = App::new(gates, backends, hasher, args.trusted_proxies.clone(), DemoUsers::default(), metrics);
 
@@ -257,10 +363,10 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     announce(address).map_err(|source| RunError::Announce { source })?;
     tracing::info!(
         port = address.port(),
-        identity_gate = label,
         client_gate = "memory",
-        items_gate = label,
-        attempt_limiter = label,
+        identity_gate,
+        items_gate,
+        attempt_limiter,
         trusted_proxies = args.trusted_proxies.len(),
         "serving"
     );

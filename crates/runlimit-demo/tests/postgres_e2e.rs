@@ -14,7 +14,7 @@ use http::StatusCode;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, attempt_series,
-    check_series, counts, quota_exceeded_body, scraped, unauthorized_body,
+    check_series, counts, quota_exceeded_body, scraped, unauthorized_body, with_database,
 };
 
 const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
@@ -28,20 +28,6 @@ fn admin_url() -> String {
              e.g. postgres://postgres@127.0.0.1:5432/test"
         )
     })
-}
-
-/// `admin` with its database path replaced by `database` (query parameters kept).
-fn with_database(admin: &str, database: &str) -> String {
-    let (base, query) = admin.split_once('?').map_or((admin, None), |(base, query)| (base, Some(query)));
-    let authority_start = base.find("://").map_or(0, |index| index + 3);
-    let base = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{database}?{query}"),
-        None => format!("{base}/{database}"),
-    }
 }
 
 async fn admin_sql(sql: String) {

@@ -10,6 +10,7 @@ fn run(args: &[&str]) -> (bool, String) {
         .args(args)
         .env("RUNLIMIT_KEY_SECRET", "startup-error-test-secret-0123456789")
         .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
         .output()
         .expect("the demo binary runs");
     let stderr = String::from_utf8(output.stderr).expect("utf-8 stderr");
@@ -45,6 +46,64 @@ fn an_unreachable_server_names_its_address_and_the_cause_at_once() {
     );
     assert!(!message.contains("secret"), "the password is never printed");
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "a refused connection fails at once");
+}
+
+#[test]
+fn an_unreachable_redis_server_names_its_address_the_cause_and_the_fix_at_once() {
+    // A loopback port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = std::time::Instant::now();
+    let (ok, message) = run(&["--redis-url", &format!("redis://demo:secret@127.0.0.1:{port}/0")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: cannot use Redis at 127.0.0.1:{port} (--redis-url); check that the server runs there, \
+             accepts TCP connections, and that the URL's credentials and database are right: could not prepare \
+             the Redis server: failed to open a Redis connection: Connection refused (os error 111)"
+        )
+    );
+    assert!(!message.contains("secret"), "the password is never printed");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "a refused connection fails at once");
+}
+
+#[test]
+fn a_redis_url_the_demo_cannot_use_names_the_flag_and_the_expected_form() {
+    let expected = "runlimit-demo: --redis-url is not a usable Redis URL; expected \
+                    redis://[USER:PASSWORD@]HOST[:PORT][/DB] (no TLS, no Unix socket): ";
+    let (ok, message) = run(&["--redis-url", "notaurl"]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!("{expected}invalid Redis URL: Redis URL did not parse - InvalidClientConfig")
+    );
+    let (ok, message) = run(&["--redis-url", "redis+unix:///run/redis.sock"]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!("{expected}unsupported Redis URL: only redis://host[:port][/db] is supported")
+    );
+}
+
+#[test]
+fn the_redis_url_from_the_environment_is_never_shown_by_help() {
+    let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+        .arg("--help")
+        .env("REDIS_URL", "redis://demo:hunter2@127.0.0.1:6379")
+        .env("DATABASE_URL", "postgres://demo:hunter2@127.0.0.1/app")
+        .output()
+        .expect("the demo binary runs");
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(!help.contains("hunter2"), "{help}");
+    assert!(help.contains("[env: REDIS_URL]"), "{help}");
+    assert!(help.contains("--redis-key-prefix <PREFIX>"), "{help}");
+    assert!(
+        help.contains(
+            "With --redis-url (or REDIS_URL) the identity gate and the GCRA gate of /items move to"
+        ),
+        "{help}"
+    );
 }
 
 #[test]

@@ -66,7 +66,7 @@ use runlimit_core::{
         is_expired,
     },
 };
-use runlimit_redis::{KeyPrefix, Placement, RedisAlgorithm, RedisConfig, RedisStore};
+use runlimit_redis::{KeyPrefix, RedisAlgorithm, RedisConfig, RedisStore};
 
 /// How far ahead of the server's clock the pinned time starts: about 11.6 days. A case
 /// advances by at most 20 × 2 × `MAX_WINDOW_MILLIS` ≈ 3.6·10¹⁴ ms, so every millisecond value

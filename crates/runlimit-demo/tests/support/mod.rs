@@ -32,14 +32,15 @@ pub const SECRET: &str = "demo-e2e-secret-0123456789abcdef";
 
 impl Demo {
     /// Starts the binary with `args` (plus `--listen 127.0.0.1:0`) and `env`, with
-    /// `DATABASE_URL`, `RUNLIMIT_KEY_SECRET` and `RUST_LOG` removed from the inherited
-    /// environment first, and waits for the listening line.
+    /// `DATABASE_URL`, `REDIS_URL`, `RUNLIMIT_KEY_SECRET` and `RUST_LOG` removed from the
+    /// inherited environment first, and waits for the listening line.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"));
         command
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
             .env_remove("RUNLIMIT_KEY_SECRET")
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())
@@ -94,6 +95,7 @@ impl Demo {
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
             .env_remove("RUNLIMIT_KEY_SECRET")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -200,6 +202,21 @@ impl Http {
     pub async fn login(&self, demo: &Demo, identity: &str, password: &str) -> Reply {
         let body = serde_json::json!({ "identity": identity, "password": password }).to_string();
         self.post_json(&demo.url("/login"), &body, &[]).await
+    }
+}
+
+/// `admin` (a PostgreSQL URL) with its database path replaced by `database` (query parameters
+/// kept).
+pub fn with_database(admin: &str, database: &str) -> String {
+    let (base, query) = admin.split_once('?').map_or((admin, None), |(base, query)| (base, Some(query)));
+    let authority_start = base.find("://").map_or(0, |index| index + 3);
+    let base = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
     }
 }
 
