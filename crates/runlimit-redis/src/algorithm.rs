@@ -42,6 +42,8 @@ pub(crate) mod sealed {
         const TAG: &'static str;
         /// Its admission script's source (shebang, shared functions, rule, admission body).
         const ADMIT: &'static str;
+        /// Its cleanup script's source (cleanup reads states to find their real expiry).
+        const CLEANUP: &'static str;
         /// The decoded stored state.
         type State: Copy + std::fmt::Debug;
 
@@ -80,6 +82,12 @@ impl sealed::Algorithm for FixedWindowPolicy {
         include_str!("lua/common.lua"),
         include_str!("lua/fixed_window.lua"),
         include_str!("lua/admit.lua")
+    );
+    const CLEANUP: &'static str = concat!(
+        "#!lua\n",
+        include_str!("lua/common.lua"),
+        include_str!("lua/fixed_window.lua"),
+        include_str!("lua/cleanup.lua")
     );
     type State = Window;
 
@@ -123,6 +131,12 @@ impl sealed::Algorithm for GcraPolicy {
         include_str!("lua/common.lua"),
         include_str!("lua/gcra.lua"),
         include_str!("lua/admit.lua")
+    );
+    const CLEANUP: &'static str = concat!(
+        "#!lua\n",
+        include_str!("lua/common.lua"),
+        include_str!("lua/gcra.lua"),
+        include_str!("lua/cleanup.lua")
     );
     type State = TheoreticalArrivalTime;
 

@@ -231,9 +231,10 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// Sets how many expired entries an admission may remove from its shard per check (a
-    /// batch gets this allowance once per check on the shard), bounding cleanup work per
-    /// admission. 0 leaves all cleanup to [`cleanup_expired`](crate::RedisStore::cleanup_expired).
+    /// Sets how many entries whose recorded expiry has passed an admission may examine in its
+    /// shard per check (a batch gets this allowance once per check on the shard), removing the
+    /// expired ones and re-scoring the live ones: a bound on cleanup work per admission. 0
+    /// leaves all cleanup to [`cleanup_expired`](crate::RedisStore::cleanup_expired).
     ///
     /// # Errors
     ///

@@ -80,12 +80,16 @@
 //! | `<base>x<bucket>` | sorted set | member, scored by its state's expiry in ms |
 //!
 //! A member is 24 opaque bytes (8 of the policy fingerprint, 16 of the HMAC subject key): no
-//! raw subject is ever stored. The bucket is the subject key's second byte modulo 64. An
-//! admission that finds its key stored in a live window reads the time, reads the state and the
-//! shard's fields in one `HMGET`, and writes them back in one `HSET`. The expiry bounds are
-//! exact when written and stay valid lower bounds without rewriting, since an entry's expiry
-//! never decreases; cleanup reads a bucket only once its bound has passed, and re-bounds the
-//! buckets it reads. Small expiry buckets are stored compactly by Redis (listpacks below
+//! raw subject is ever stored. The bucket is the subject key's second byte modulo 64.
+//!
+//! An admission of a stored key is three commands: `TIME`, one `HMGET` of the state and the
+//! shard's fields, one `HSET` of both. Expiry scores are lower bounds: exact when a member is
+//! added, and never rewritten by admissions, since an entry's expiry never decreases (time only
+//! moves forward). Cleanup (by admissions, up to
+//! [`RedisConfig::expired_removals_per_check`] entries per check, and by
+//! [`RedisStore::cleanup_expired`]) reads the state behind each score that has passed, removes
+//! the expired entries and re-scores the live ones at their real expiry, as the memory stores'
+//! lazy expiry heap does. Small expiry buckets are stored compactly by Redis (listpacks below
 //! `zset-max-listpack-entries`, 128 by default).
 //!
 //! # Failures

@@ -34,7 +34,6 @@ struct Settings {
 const PEEK: &str =
     concat!("#!lua flags=no-writes\n", include_str!("lua/common.lua"), include_str!("lua/peek.lua"));
 const RESET: &str = concat!("#!lua\n", include_str!("lua/common.lua"), include_str!("lua/reset.lua"));
-const CLEANUP: &str = concat!("#!lua\n", include_str!("lua/common.lua"), include_str!("lua/cleanup.lua"));
 
 impl Settings {
     fn new<P: RedisAlgorithm>(config: RedisConfig) -> Self {
@@ -44,7 +43,7 @@ impl Settings {
             admit: Script::new(P::ADMIT),
             peek: Script::new(PEEK),
             reset: Script::new(RESET),
-            cleanup: Script::new(CLEANUP),
+            cleanup: Script::new(P::CLEANUP),
         }
     }
 }

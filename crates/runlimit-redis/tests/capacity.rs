@@ -110,3 +110,60 @@ fn a_flood_of_new_keys_is_denied_and_no_live_key_loses_its_count() {
         assert_eq!(limiter.cleanup_expired(u32::MAX).await.unwrap(), 0);
     });
 }
+
+/// An admission of a stored key never rewrites its recorded expiry (it only ever grows), so
+/// cleanup reads the state behind a passed score: a live entry is re-scored at its real expiry,
+/// never removed, and removed once that expiry has passed.
+#[test]
+#[ignore = "needs RUNLIMIT_REDIS_TEST_URL"]
+fn cleanup_rescores_live_entries_whose_recorded_expiry_has_passed() {
+    support::runtime().block_on(async {
+        let url = support::server_url();
+        let mut direct = support::connect(&url).await;
+        let prefix = support::unique_prefix("capacity-rescore");
+        let start = support::server_millis(&mut direct).await + 1_000_000;
+        support::pin(&mut direct, &prefix, "gcra", Placement::SingleSlot, start).await;
+        let config = RedisConfig::default().with_key_prefix(KeyPrefix::new(&prefix).unwrap());
+        let limiter = runlimit_redis::RedisGcraLimiter::new(&url).unwrap().with_config(config);
+        limiter.prepare().await.unwrap();
+        // One unit per second, burst 2.
+        let policy = runlimit_core::GcraPolicy::new(
+            PolicyId::new("capacity.rescore").unwrap(),
+            ScopeId::new("gcra").unwrap(),
+            1,
+            Duration::from_secs(1),
+            2,
+        )
+        .unwrap();
+        let subject = key(0x33, 1);
+        let check = Check::new(subject.bind(&policy));
+        assert!(limiter.check(&check).await.unwrap().permits_request()); // expires at start + 1,000
+        support::pin(&mut direct, &prefix, "gcra", Placement::SingleSlot, start + 500).await;
+        assert!(limiter.check(&check).await.unwrap().permits_request()); // now at start + 2,000
+        let (state, score) = support::stored_entry(&mut direct, &prefix, "gcra", &policy, &subject).await;
+        assert_eq!((state, score), (Some(format!("{}:0", start + 2_000)), Some((start + 1_000) as f64)));
+
+        // Past the recorded expiry, before the real one: nothing removed, the score corrected.
+        support::pin(&mut direct, &prefix, "gcra", Placement::SingleSlot, start + 1_500).await;
+        assert_eq!(limiter.cleanup_expired(100).await.unwrap(), 0);
+        let (state, score) = support::stored_entry(&mut direct, &prefix, "gcra", &policy, &subject).await;
+        assert_eq!((state, score), (Some(format!("{}:0", start + 2_000)), Some((start + 2_000) as f64)));
+        assert_eq!(limiter.peek(subject.bind(&policy)).await.unwrap().available(), 1);
+
+        // At the real expiry it goes, and its slot with it.
+        support::pin(&mut direct, &prefix, "gcra", Placement::SingleSlot, start + 2_000).await;
+        assert_eq!(limiter.cleanup_expired(100).await.unwrap(), 1);
+        assert_eq!(
+            support::stored_entry(&mut direct, &prefix, "gcra", &policy, &subject).await,
+            (None, None)
+        );
+        let entries: Option<u64> = redis::cmd("HGET")
+            .arg(support::shard_hash(&prefix, "gcra", 0x33))
+            .arg("n")
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+        assert_eq!(entries, Some(0));
+        support::delete_prefix(&mut direct, &prefix).await;
+    });
+}

@@ -1,12 +1,15 @@
--- Shared by every Runlimit script: exact integer arithmetic and the shard layout.
+-- Shared by every Runlimit script: exact integer arithmetic, the shard's hash and bounded
+-- cleanup.
 --
 -- Lua numbers are doubles: an integer is exact only below 2^53, and tostring keeps 14
 -- significant digits. So this file never formats a number with tostring (str below is exact
--- below 2^53), reads small numbers only after checking they have at most 15 digits, and keeps
--- every 64-bit quantity (counts up to 2^63 - 1, GCRA remainders) as two exact limbs in base
--- 10^9, compared, added and subtracted limb by limb.
-
-local BASE = 1000000000
+-- below 2^53), reads stored numbers only after checking they are digits (at most 15 for a
+-- plain number, so below 2^53), and keeps a 64-bit quantity above that (a count up to
+-- 2^63 - 1, a GCRA remainder) as two exact limbs in base 10^9, compared, added and subtracted
+-- limb by limb. Counts of at most 15 digits, by far the common case, take the plain path.
+--
+-- A script runs its whole chunk, creating every local function, on each call: functions only
+-- slow paths need (limbs, cleanup) are created on first use.
 
 -- Fails the script with the error reply `RUNLIMIT <what>`. Only ever called before the first
 -- write, so a failed script has changed nothing.
@@ -27,58 +30,58 @@ local function str(x)
   return string.format('%.0f', x)
 end
 
--- A decimal integer of at most 20 digits as limbs {hi, lo} (value = hi * 10^9 + lo), or nil.
-local function big(s)
-  if type(s) ~= 'string' or #s == 0 or #s > 20 or string.find(s, '^%d+$') == nil then
-    return nil
+-- Limbs: a decimal integer of at most 20 digits as {hi, lo}, value = hi * 10^9 + lo.
+local big, cmp, add, sub, is_zero, fmt
+local function limbs()
+  if big then
+    return
   end
-  local n = #s
-  if n <= 9 then
-    return {0, tonumber(s)}
+  local BASE = 1000000000
+  big = function(s)
+    if type(s) ~= 'string' or #s == 0 or #s > 20 or string.find(s, '^%d+$') == nil then
+      return nil
+    end
+    local n = #s
+    if n <= 9 then
+      return {0, tonumber(s)}
+    end
+    return {tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))}
   end
-  return {tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))}
-end
-
-local ZERO = {0, 0}
-
--- -1, 0 or 1 as a < b, a == b, a > b.
-local function cmp(a, b)
-  if a[1] ~= b[1] then
-    return a[1] < b[1] and -1 or 1
+  -- -1, 0 or 1 as a < b, a == b, a > b.
+  cmp = function(a, b)
+    if a[1] ~= b[1] then
+      return a[1] < b[1] and -1 or 1
+    end
+    if a[2] ~= b[2] then
+      return a[2] < b[2] and -1 or 1
+    end
+    return 0
   end
-  if a[2] ~= b[2] then
-    return a[2] < b[2] and -1 or 1
+  add = function(a, b)
+    local hi, lo = a[1] + b[1], a[2] + b[2]
+    if lo >= BASE then
+      hi, lo = hi + 1, lo - BASE
+    end
+    return {hi, lo}
   end
-  return 0
-end
-
-local function add(a, b)
-  local hi, lo = a[1] + b[1], a[2] + b[2]
-  if lo >= BASE then
-    hi, lo = hi + 1, lo - BASE
+  -- a - b for a >= b.
+  sub = function(a, b)
+    local hi, lo = a[1] - b[1], a[2] - b[2]
+    if lo < 0 then
+      hi, lo = hi - 1, lo + BASE
+    end
+    return {hi, lo}
   end
-  return {hi, lo}
-end
-
--- a - b for a >= b.
-local function sub(a, b)
-  local hi, lo = a[1] - b[1], a[2] - b[2]
-  if lo < 0 then
-    hi, lo = hi - 1, lo + BASE
+  is_zero = function(a)
+    return a[1] == 0 and a[2] == 0
   end
-  return {hi, lo}
-end
-
-local function is_zero(a)
-  return a[1] == 0 and a[2] == 0
-end
-
--- The decimal digits of limbs, without leading zeros.
-local function fmt(a)
-  if a[1] == 0 then
-    return str(a[2])
+  -- The decimal digits of limbs, without leading zeros.
+  fmt = function(a)
+    if a[1] == 0 then
+      return str(a[2])
+    end
+    return str(a[1]) .. string.format('%09.0f', a[2])
   end
-  return str(a[1]) .. string.format('%09.0f', a[2])
 end
 
 -- A shard's hash holds its entries (member -> state) and three fields: w, the latest time (ms)
@@ -113,11 +116,10 @@ local function read_shard(hash, members)
   else
     e = nil
   end
-  local states = {}
-  for j = 1, #members do
-    states[j] = fields[3 + j]
-  end
-  return w, n, e, states
+  table.remove(fields, 1)
+  table.remove(fields, 1)
+  table.remove(fields, 1)
+  return w, n, e, fields
 end
 
 -- Fails unless `key` holds a value of `kind` or nothing. Redis checks a key's type only when a
@@ -137,87 +139,124 @@ local function server_time()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The index of a shard (zset: bucket -> score) holds, for each non-empty bucket, a lower bound
--- of the bucket's earliest expiry: exact when the bucket was last re-indexed, and kept valid
--- without re-indexing because an entry's expiry never decreases (time only moves forward) and
--- only a new entry can lower a bucket's minimum (it lowers the bound with ZADD LT). The meta
--- field e bounds the whole shard the same way, so an admission skips cleanup without reading
--- the index while e > now.
+-- The expiry (ms) of a stored state: the algorithm's file sets it.
+local expiry_of
 
--- Read phase of bounded cleanup: examines at most `budget` buckets whose bound has passed,
--- earliest bound first, and plans the removal of at most `budget` expired entries from them.
--- Returns {buckets = {{b, members}...}, examined = {b...}, count, removed = set of
--- bucket .. ':' .. member, by_bucket = b -> count}. Writes nothing.
-local function plan_cleanup(base, index, now, budget)
-  local plan = {buckets = {}, examined = {}, count = 0, removed = {}, by_bucket = {}}
-  if budget <= 0 then
+-- Expiry bounds. A bucket's expiry set scores each member by a lower bound of its state's
+-- expiry: exact when the member was added, and still a lower bound afterwards, because an
+-- entry's expiry never decreases (time only moves forward), so admissions of stored keys never
+-- rewrite it. The shard's index scores each non-empty bucket by a lower bound of its members'
+-- scores (a new member lowers it with ZADD LT), and the field e bounds the whole shard, so an
+-- admission skips cleanup without reading the index while e > now. Cleanup reads the state
+-- behind every score that has passed: an expired entry is removed, a live one re-scored at its
+-- real expiry (as the memory stores' lazy expiry heap does).
+local plan_cleanup, apply_cleanup, earliest
+local function cleanup_functions()
+  if plan_cleanup then
+    return
+  end
+  -- Read phase: examines at most `budget` entries whose score has passed, in buckets whose
+  -- bound has passed, earliest bound first. Returns {buckets = {{b, remove, drop, refresh}...},
+  -- examined = {b...}, count (entries to remove), removed = set of member}. Writes nothing.
+  plan_cleanup = function(hash, base, index, now, budget)
+    local plan = {buckets = {}, examined = {}, count = 0, removed = {}}
+    if budget <= 0 then
+      return plan
+    end
+    local seen = 0
+    local due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, budget)
+    for _, b in ipairs(due) do
+      if seen >= budget then
+        break
+      end
+      table.insert(plan.examined, b)
+      local members = redis.call('ZRANGEBYSCORE', base .. 'x' .. b, '-inf', now, 'LIMIT', 0, budget - seen)
+      if #members > 0 then
+        seen = seen + #members
+        local states = redis.call('HMGET', hash, unpack(members))
+        local entry = {b, {}, {}, {}}
+        for j, member in ipairs(members) do
+          local state = states[j]
+          if not state then
+            table.insert(entry[3], member)
+          else
+            local expiry = expiry_of(state)
+            if expiry <= now then
+              table.insert(entry[2], member)
+              plan.removed[member] = true
+              plan.count = plan.count + 1
+            else
+              table.insert(entry[4], expiry)
+              table.insert(entry[4], member)
+            end
+          end
+        end
+        table.insert(plan.buckets, entry)
+      end
+    end
     return plan
   end
-  local due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, budget)
-  for _, b in ipairs(due) do
-    table.insert(plan.examined, b)
-    local left = budget - plan.count
-    if left > 0 then
-      local members = redis.call('ZRANGEBYSCORE', base .. 'x' .. b, '-inf', now, 'LIMIT', 0, left)
-      if #members > 0 then
-        table.insert(plan.buckets, {b, members})
-        plan.by_bucket[b] = #members
-        plan.count = plan.count + #members
-        for _, member in ipairs(members) do
-          plan.removed[b .. ':' .. member] = true
+
+  -- Write phase: removes the expired entries and stray members the plan found, re-scores the
+  -- live ones, re-bounds every examined bucket in the index, and returns the shard's new bound
+  -- e (the index's lowest score, or nil when the shard is empty). (HSET duplicates are fine:
+  -- the caller may set a field twice in one HSET; the last value wins.)
+  apply_cleanup = function(hash, base, index, plan)
+    for _, entry in ipairs(plan.buckets) do
+      local set = base .. 'x' .. entry[1]
+      if #entry[2] > 0 then
+        redis.call('HDEL', hash, unpack(entry[2]))
+        redis.call('ZREM', set, unpack(entry[2]))
+      end
+      if #entry[3] > 0 then
+        redis.call('ZREM', set, unpack(entry[3]))
+      end
+      if #entry[4] > 0 then
+        redis.call('ZADD', set, unpack(entry[4]))
+      end
+    end
+    for _, b in ipairs(plan.examined) do
+      local first = redis.call('ZRANGE', base .. 'x' .. b, 0, 0, 'WITHSCORES')
+      if first[1] then
+        redis.call('ZADD', index, first[2], b)
+      else
+        redis.call('ZREM', index, b)
+      end
+    end
+    local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+    return first[2] and tonumber(first[2]) or nil
+  end
+
+  -- The exact earliest expiry in a shard (after cleanup), or nil when it is empty or more than
+  -- `cap` entries would have to be read to be sure. Scores are lower bounds: visit buckets in
+  -- bound order and each bucket's members in score order, reading their states, until a bound
+  -- or score is no lower than the earliest expiry found.
+  earliest = function(hash, base, index, cap)
+    local best, read = nil, 0
+    local bounds = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
+    for j = 1, #bounds, 2 do
+      if best ~= nil and tonumber(bounds[j + 1]) >= best then
+        return best
+      end
+      local set = base .. 'x' .. bounds[j]
+      local scored = redis.call('ZRANGE', set, 0, -1, 'WITHSCORES')
+      for k = 1, #scored, 2 do
+        if best ~= nil and tonumber(scored[k + 1]) >= best then
+          break
+        end
+        read = read + 1
+        if read > cap then
+          return nil
+        end
+        local state = redis.call('HGET', hash, scored[k])
+        if state then
+          local expiry = expiry_of(state)
+          if best == nil or expiry < best then
+            best = expiry
+          end
         end
       end
     end
+    return best
   end
-  return plan
-end
-
--- Sets bucket b's bound in the index to its exact earliest expiry (removes it when empty).
-local function reindex(base, index, b)
-  local first = redis.call('ZRANGE', base .. 'x' .. b, 0, 0, 'WITHSCORES')
-  if first[1] then
-    redis.call('ZADD', index, first[2], b)
-  else
-    redis.call('ZREM', index, b)
-  end
-end
-
--- Write phase of bounded cleanup: removes what plan_cleanup found from the shard's hash and
--- expiry sets, re-indexes every bucket it examined, and returns the shard's new bound e (the
--- index's lowest score, or nil if empty).
-local function apply_cleanup(base, index, plan)
-  for _, entry in ipairs(plan.buckets) do
-    local b, members = entry[1], entry[2]
-    redis.call('HDEL', base .. 's', unpack(members))
-    redis.call('ZREM', base .. 'x' .. b, unpack(members))
-  end
-  for _, b in ipairs(plan.examined) do
-    reindex(base, index, b)
-  end
-  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
-  return first[2]
-end
-
--- The exact earliest expiry left in a shard once plan's entries are gone, or nil when it is
--- empty. Bounds are lower bounds: visit buckets in bound order, reading each one's earliest
--- remaining expiry (past the entries the plan removes, the lowest-ranked of its bucket), until
--- a bound is no lower than the best found.
-local function earliest(base, index, plan)
-  local bounds = redis.call('ZRANGE', index, 0, -1, 'WITHSCORES')
-  local best = nil
-  for j = 1, #bounds, 2 do
-    local b, bound = bounds[j], tonumber(bounds[j + 1])
-    if best ~= nil and bound >= best then
-      break
-    end
-    local skip = plan.by_bucket[b] or 0
-    local rest = redis.call('ZRANGE', base .. 'x' .. b, skip, skip, 'WITHSCORES')
-    if rest[2] then
-      local at = tonumber(rest[2])
-      if best == nil or at < best then
-        best = at
-      end
-    end
-  end
-  return best
 end

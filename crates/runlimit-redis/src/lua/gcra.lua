@@ -8,39 +8,79 @@
 -- so with k = t - now (or 0), the test d <= m*Q + n is k < m, or k = m and r <= n, and the
 -- new state tat + c*P is (now + k + a + carry) * Q + r', with carry = [r + b >= Q] and
 -- r' = r + b - carry*Q. Every plain number here is a millisecond count below 2^53
--- (a, m <= the policy's full replenishment time); r, b, n, Q - b are limbs.
--- Returns allowed, the new state, its expiry ceil(tat' / Q) = t' + [r' > 0], and true (the
--- expiry moves with every allowed check).
+-- (a, m <= the policy's full replenishment time); r, b, n and Q - b are plain exact doubles
+-- when they have at most 15 digits (then r + b < 2Q < 2^53), limbs otherwise.
+-- Returns allowed, the new state and its expiry ceil(tat' / Q) = t' + [r' > 0].
 local ARGS = 5
 
 local function evaluate(state, now, i)
-  local a, b, q_minus_b, m, n = num(ARGV[i + 1]), big(ARGV[i + 2]), big(ARGV[i + 3]), num(ARGV[i + 4]), big(ARGV[i + 5])
-  if a == nil or b == nil or q_minus_b == nil or m == nil or n == nil then
-    fail('malformed GCRA arguments')
-  end
-  local k, r = 0, ZERO
+  local a, b, q_minus_b, m, n = tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4]), ARGV[i + 5]
+  local k, t, r = 0, nil, '0'
   if state then
-    local t, rest = string.match(state, '^(%d+):(%d+)$')
-    t, rest = num(t), big(rest)
-    if t == nil or rest == nil or cmp(rest, add(q_minus_b, b)) >= 0 then
+    local digits, rest = string.match(state, '^(%d+):(%d+)$')
+    t = num(digits)
+    if t == nil or rest == nil or #rest > 20 then
       fail('malformed GCRA state')
     end
-    if t >= now then
-      k, r = t - now, rest
-    end
+    r = rest
   end
-  if not (k < m or (k == m and cmp(r, n) <= 0)) then
+  if #b <= 15 and #q_minus_b <= 15 and #n <= 15 and #r <= 15 then
+    local bb, qb, rr = tonumber(b), tonumber(q_minus_b), tonumber(r)
+    if rr >= bb + qb then
+      fail('malformed GCRA state')
+    end
+    if t == nil or t < now then
+      k, rr = 0, 0
+    else
+      k = t - now
+    end
+    if not (k < m or (k == m and rr <= tonumber(n))) then
+      return false
+    end
+    local t2, r2 = now + k + a, rr + bb
+    if rr >= qb then
+      t2, r2 = t2 + 1, rr - qb
+    end
+    local expiry = t2
+    if r2 > 0 then
+      expiry = t2 + 1
+    end
+    return true, str(t2) .. ':' .. str(r2), expiry
+  end
+  limbs()
+  local bb, qb, nn, rr = big(b), big(q_minus_b), big(n), big(r)
+  if cmp(rr, add(qb, bb)) >= 0 then
+    fail('malformed GCRA state')
+  end
+  if t == nil or t < now then
+    k, rr = 0, {0, 0}
+  else
+    k = t - now
+  end
+  if not (k < m or (k == m and cmp(rr, nn) <= 0)) then
     return false
   end
-  local t, rest
-  if cmp(r, q_minus_b) >= 0 then
-    t, rest = now + k + a + 1, sub(r, q_minus_b)
+  local t2, r2 = now + k + a, nil
+  if cmp(rr, qb) >= 0 then
+    t2, r2 = t2 + 1, sub(rr, qb)
   else
-    t, rest = now + k + a, add(r, b)
+    r2 = add(rr, bb)
   end
-  local expiry = t
-  if not is_zero(rest) then
-    expiry = t + 1
+  local expiry = t2
+  if not is_zero(r2) then
+    expiry = t2 + 1
   end
-  return true, str(t) .. ':' .. fmt(rest), expiry, true
+  return true, str(t2) .. ':' .. fmt(r2), expiry
+end
+
+expiry_of = function(state)
+  local digits, rest = string.match(state, '^(%d+):(%d+)$')
+  local t = num(digits)
+  if t == nil then
+    fail('malformed GCRA state')
+  end
+  if rest ~= '0' then
+    return t + 1
+  end
+  return t
 end
