@@ -43,7 +43,7 @@ use std::{
 };
 
 use redis::aio::MultiplexedConnection;
-use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, MAX_LIMIT, PolicyId, ScopeId, SubjectKey};
+use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, PolicyId, ScopeId, SubjectKey};
 use runlimit_postgres::PostgresLimiter;
 use runlimit_redis::{RedisConfig, RedisGcraLimiter, RedisLimiter};
 use sqlx::{

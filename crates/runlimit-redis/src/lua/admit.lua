@@ -41,22 +41,35 @@ for i = 1, M do
 end
 for s = 1, S do
   local shard = shards[s]
-  local w, n, e, states = read_shard(shard.hash, shard.members)
+  local w, n, e, fields = read_shard(shard.hash, shard.members)
   if w and w > now then
     now = w
   end
-  shard.w, shard.n, shard.e, shard.states = w, n, e, states
+  shard.w, shard.n, shard.raw_e, shard.fields = w, n, e, fields
 end
 
--- Read: cleanup plans, only for shards whose bound has passed (or is unknown).
+-- Read: cleanup plans, only for shards that may lack room for their new keys. Expired entries
+-- never change a decision except by holding a slot, so a shard with room for every check of
+-- the admission whose key is not stored skips cleanup (cleanup_expired reclaims the rest); a
+-- shard without enough room first examines up to its budget of entries whose recorded expiry
+-- has passed, freeing the expired ones, as a memory store's admission does.
 for s = 1, S do
   local shard = shards[s]
-  if (shard.e == nil and shard.n > 0) or (shard.e ~= nil and shard.e <= now) then
+  local absent = 0
+  for j = 1, #shard.members do
+    if not shard.fields[3 + j] then
+      absent = absent + 1
+    end
+  end
+  shard.free = capacity - shard.n
+  if absent > 0 then
+    -- The bound matters only when a new entry may lower it or cleanup may run.
+    shard.e = bound(shard.raw_e)
+  end
+  if absent > shard.free and ((shard.e == nil and shard.n > 0) or (shard.e ~= nil and shard.e <= now)) then
     cleanup_functions()
     shard.plan = plan_cleanup(shard.hash, shard.base, shard.index, now, per_check * shard.checks)
-    shard.free = capacity - (shard.n - shard.plan.count)
-  else
-    shard.free = capacity - shard.n
+    shard.free = shard.free + shard.plan.count
   end
 end
 
@@ -65,7 +78,7 @@ local write = true
 for i = 1, M do
   local check = checks[i]
   local shard = check.shard
-  local state = shard.states[check.slot]
+  local state = shard.fields[3 + check.slot]
   if state and shard.plan and shard.plan.removed[check.member] then
     state = false
   end

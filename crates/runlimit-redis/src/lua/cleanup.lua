@@ -5,7 +5,8 @@ local maximum = tonumber(ARGV[2])
 if maximum == nil then
   fail('malformed cleanup arguments')
 end
-local w, n, e = read_shard(KEYS[1], {})
+local w, n, raw_e = read_shard(KEYS[1], {})
+local e = bound(raw_e)
 local now = server_time()
 if w and w > now then
   now = w

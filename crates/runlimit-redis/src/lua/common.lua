@@ -2,8 +2,8 @@
 -- cleanup.
 --
 -- Lua numbers are doubles: an integer is exact only below 2^53, and tostring keeps 14
--- significant digits. So this file never formats a number with tostring (str below is exact
--- below 2^53), reads stored numbers only after checking they are digits (at most 15 for a
+-- significant digits. So this file never formats a number with tostring (str below formats an
+-- integral double through a 64-bit integer, exact below 2^53), reads stored numbers only after checking they are digits (at most 15 for a
 -- plain number, so below 2^53), and keeps a 64-bit quantity above that (a count up to
 -- 2^63 - 1, a GCRA remainder) as two exact limbs in base 10^9, compared, added and subtracted
 -- limb by limb. Counts of at most 15 digits, by far the common case, take the plain path.
@@ -25,9 +25,10 @@ local function num(s)
   return tonumber(s)
 end
 
--- An exact integer below 2^53 as its decimal digits.
+-- An exact integer below 2^53 as its decimal digits. ('%d' converts the double to a 64-bit
+-- integer first, exactly for every integer below 2^53, and is much cheaper than '%.0f'.)
 local function str(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- Limbs: a decimal integer of at most 20 digits as {hi, lo}, value = hi * 10^9 + lo.
@@ -80,18 +81,19 @@ local function limbs()
     if a[1] == 0 then
       return str(a[2])
     end
-    return str(a[1]) .. string.format('%09.0f', a[2])
+    return str(a[1]) .. string.format('%09d', a[2])
   end
 end
 
 -- A shard's hash holds its entries (member -> state) and three fields: w, the latest time (ms)
 -- an operation on the shard used; n, the entries it holds; e, a lower bound of the earliest
 -- expiry in the shard (absent: unknown). Member names are 24 bytes, so they never collide with
--- these one-letter fields. Reads w, n, e and the states of `members` in one HMGET; fails when a
--- field is malformed. Returns w (or nil), n, e (or nil) and the states (false when absent).
+-- these one-letter fields. Reads w, n, e and the states of `members` in one HMGET and parses w
+-- and n (failing when malformed). Returns w (or nil), n, the raw e (parse it with bound) and
+-- the reply, where member j's state (false when absent) is at index 3 + j.
 local function read_shard(hash, members)
   local fields = redis.call('HMGET', hash, 'w', 'n', 'e', unpack(members))
-  local w, n, e = fields[1], fields[2], fields[3]
+  local w, n = fields[1], fields[2]
   if w then
     w = num(w)
     if w == nil then
@@ -108,18 +110,19 @@ local function read_shard(hash, members)
   else
     n = 0
   end
-  if e then
-    e = num(e)
-    if e == nil then
-      fail('malformed shard expiry bound')
-    end
-  else
-    e = nil
+  return w, n, fields[3], fields
+end
+
+-- The shard's expiry bound from its raw field (nil when absent); fails when malformed.
+local function bound(e)
+  if not e then
+    return nil
   end
-  table.remove(fields, 1)
-  table.remove(fields, 1)
-  table.remove(fields, 1)
-  return w, n, e, fields
+  e = num(e)
+  if e == nil then
+    fail('malformed shard expiry bound')
+  end
+  return e
 end
 
 -- Fails unless `key` holds a value of `kind` or nothing. Redis checks a key's type only when a
@@ -155,24 +158,26 @@ local function cleanup_functions()
   if plan_cleanup then
     return
   end
-  -- Read phase: examines at most `budget` entries whose score has passed, in buckets whose
-  -- bound has passed, earliest bound first. Returns {buckets = {{b, remove, drop, refresh}...},
-  -- examined = {b...}, count (entries to remove), removed = set of member}. Writes nothing.
+  -- Read phase: examines entries whose recorded expiry has passed, in buckets whose bound has
+  -- passed, earliest bound first, until `budget` expired entries are found or `budget` live
+  -- ones were re-scored (the memory stores' removal and refresh allowances). Returns
+  -- {buckets = {{b, remove, drop, refresh}...}, examined = {b...}, count (entries to remove),
+  -- removed = set of member}. Writes nothing.
   plan_cleanup = function(hash, base, index, now, budget)
     local plan = {buckets = {}, examined = {}, count = 0, removed = {}}
     if budget <= 0 then
       return plan
     end
-    local seen = 0
-    local due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, budget)
+    local refreshes = 0
+    local due = redis.call('ZRANGEBYSCORE', index, '-inf', now)
     for _, b in ipairs(due) do
-      if seen >= budget then
+      if plan.count >= budget or refreshes >= budget then
         break
       end
       table.insert(plan.examined, b)
-      local members = redis.call('ZRANGEBYSCORE', base .. 'x' .. b, '-inf', now, 'LIMIT', 0, budget - seen)
+      local wanted = 2 * budget - plan.count - refreshes
+      local members = redis.call('ZRANGEBYSCORE', base .. 'x' .. b, '-inf', now, 'LIMIT', 0, wanted)
       if #members > 0 then
-        seen = seen + #members
         local states = redis.call('HMGET', hash, unpack(members))
         local entry = {b, {}, {}, {}}
         for j, member in ipairs(members) do
@@ -182,12 +187,15 @@ local function cleanup_functions()
           else
             local expiry = expiry_of(state)
             if expiry <= now then
-              table.insert(entry[2], member)
-              plan.removed[member] = true
-              plan.count = plan.count + 1
-            else
+              if plan.count < budget then
+                table.insert(entry[2], member)
+                plan.removed[member] = true
+                plan.count = plan.count + 1
+              end
+            elseif refreshes < budget then
               table.insert(entry[4], expiry)
               table.insert(entry[4], member)
+              refreshes = refreshes + 1
             end
           end
         end

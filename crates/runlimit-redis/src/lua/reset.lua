@@ -2,12 +2,12 @@
 -- KEYS: the shard's hash, the bucket's expiry zset. ARGV: the member name.
 -- Returns the store's time and the state removed ('' when there was none). The bucket's and
 -- shard's expiry bounds stay valid lower bounds: removing an entry never lowers a minimum.
-local w, n, _, states = read_shard(KEYS[1], {ARGV[1]})
+local w, n, _, fields = read_shard(KEYS[1], {ARGV[1]})
 local now = server_time()
 if w and w > now then
   now = w
 end
-local state = states[1]
+local state = fields[4]
 if not state then
   return {now, ''}
 end
