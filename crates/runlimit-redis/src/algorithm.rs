@@ -79,14 +79,17 @@ impl sealed::Algorithm for FixedWindowPolicy {
     const TAG: &'static str = "fw";
     const ADMIT: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/common.lua"),
+        include_str!("lua/core.lua"),
         include_str!("lua/fixed_window.lua"),
+        include_str!("lua/single.lua"),
+        include_str!("lua/shard.lua"),
         include_str!("lua/admit.lua")
     );
     const CLEANUP: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/common.lua"),
+        include_str!("lua/core.lua"),
         include_str!("lua/fixed_window.lua"),
+        include_str!("lua/shard.lua"),
         include_str!("lua/cleanup.lua")
     );
     type State = Window;
@@ -128,14 +131,17 @@ impl sealed::Algorithm for GcraPolicy {
     const TAG: &'static str = "gcra";
     const ADMIT: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/common.lua"),
+        include_str!("lua/core.lua"),
         include_str!("lua/gcra.lua"),
+        include_str!("lua/single.lua"),
+        include_str!("lua/shard.lua"),
         include_str!("lua/admit.lua")
     );
     const CLEANUP: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/common.lua"),
+        include_str!("lua/core.lua"),
         include_str!("lua/gcra.lua"),
+        include_str!("lua/shard.lua"),
         include_str!("lua/cleanup.lua")
     );
     type State = TheoreticalArrivalTime;

@@ -31,9 +31,18 @@ struct Settings {
     cleanup: Script,
 }
 
-const PEEK: &str =
-    concat!("#!lua flags=no-writes\n", include_str!("lua/common.lua"), include_str!("lua/peek.lua"));
-const RESET: &str = concat!("#!lua\n", include_str!("lua/common.lua"), include_str!("lua/reset.lua"));
+const PEEK: &str = concat!(
+    "#!lua flags=no-writes\n",
+    include_str!("lua/core.lua"),
+    include_str!("lua/shard.lua"),
+    include_str!("lua/peek.lua")
+);
+const RESET: &str = concat!(
+    "#!lua\n",
+    include_str!("lua/core.lua"),
+    include_str!("lua/shard.lua"),
+    include_str!("lua/reset.lua")
+);
 
 impl Settings {
     fn new<P: RedisAlgorithm>(config: RedisConfig) -> Self {
@@ -235,6 +244,21 @@ impl Reply {
         let Value::Array(items) = value else { return Err(true) };
         let written = items.get(1).and_then(flag);
         let malformed = Err(written != Some(false));
+        if let ([now, _, state, next, entries], 1, 1) = (items.as_slice(), members, shards) {
+            // A single check of a stored key: {now, written, state, next, entries}. The key
+            // needed no slot, so it was written exactly when its rule allowed it.
+            let (Some(now), Some(written), Some(Some(state)), Some(next), Some(entries)) =
+                (number(now), written, optional_text(state), optional_text(next), number(entries))
+            else {
+                return malformed;
+            };
+            return Ok(Self {
+                now,
+                written,
+                members: vec![MemberReply { state: Some(state), present: true, allowed: written, next }],
+                shards: vec![ShardReply { entries, earliest: None }],
+            });
+        }
         if items.len() != 2 + 4 * members + 3 * shards {
             return malformed;
         }
