@@ -264,7 +264,11 @@ async fn a_watermark_ahead_of_the_clock_stops_replenishment() {
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn four_replicas_never_exceed_burst_plus_replenishment() {
     let db = TestDatabase::create("gcra_replicas").await;
-    let first = limiter(&db, 4).await;
+    // Twelve tasks contend for the ledger rows of three shards with `fsync` on: on a loaded
+    // machine a lock wait can outlast the default 2 s budget. A timeout is no deadlock and not
+    // what this test is about (PostgreSQL's deadlock detector would fail the test), so allow 15 s.
+    let patient = PostgresConfig::default().with_operation_timeout(Duration::from_secs(15)).unwrap();
+    let first = limiter(&db, 4).await.with_config(patient);
     let mut admin = db.connection().await;
     let policy = Arc::new(gcra("replicas", 10, 1_000, 5));
     let subjects = [subject(1, 1), subject(1, 2), subject(2, 1), subject(250, 1)];
@@ -272,7 +276,11 @@ async fn four_replicas_never_exceed_burst_plus_replenishment() {
     let start = db_now(&mut admin).await;
     let mut tasks = Vec::new();
     for replica in 0..4u32 {
-        let limiter = if replica == 0 { first.clone() } else { PostgresGcraLimiter::new(db.pool(4).await) };
+        let limiter = if replica == 0 {
+            first.clone()
+        } else {
+            PostgresGcraLimiter::new(db.pool(4).await).with_config(patient)
+        };
         for worker in 0..3u32 {
             let limiter = limiter.clone();
             let policy = Arc::clone(&policy);
