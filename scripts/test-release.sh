@@ -207,7 +207,9 @@ read -r V1 V2 < <(python3 -c 'import sys; a, b, c = sys.argv[1].split("-")[0].sp
 TODAY=$(date -u +%F)
 ORDER=$(echo $CRATES)
 printf 'current version %s; releases %s and %s of: %s\n' "$CURRENT" "$V1" "$V2" "$ORDER"
-expect_eq "the published crates, in order" "$ORDER" "runlimit-core runlimit-memory runlimit-postgres runlimit-http runlimit-axum runlimit-metrics"
+# The order the releases follow starts with these five; newer library crates come after them.
+expect_eq "the published crates start in dependency order" "$(echo $CRATES | cut -d' ' -f1-5)" \
+  "runlimit-core runlimit-memory runlimit-postgres runlimit-http runlimit-axum"
 
 clean_tree() { expect_eq "$1: the working tree is clean" "$(git_in status --porcelain)" ""; }
 
