@@ -5,7 +5,10 @@
 # - a throwaway copy of this repository (the working tree's files, committed there), whose
 #   upstream is a local bare Git repository (origin/main);
 # - a local registry server that accepts publishes, cargo-http-registry 0.1.8 from crates.io
-#   (installed by this script under target/tools, or RUNLIMIT_TOOLS_DIR), on 127.0.0.1.
+#   on 127.0.0.1. The server is RUNLIMIT_TOOLS_DIR/bin/cargo-http-registry, RUNLIMIT_TOOLS_DIR being
+#   Cargo's own install root by default ($CARGO_INSTALL_ROOT, else $CARGO_HOME, else ~/.cargo);
+#   when that is missing or another version, this script runs `cargo install` there, so a machine
+#   builds it once (about 2.5 minutes on 2 idle cores).
 #
 # It checks, with exact outcomes (the versions the registry's index holds and the order they were
 # published in, the tags on the bare remote, the scripts' messages):
@@ -49,7 +52,7 @@ done
 
 # --- the registry server -------------------------------------------------------------------
 REGISTRY_VERSION=0.1.8
-TOOLS=${RUNLIMIT_TOOLS_DIR:-$REPO/target/tools}
+TOOLS=${RUNLIMIT_TOOLS_DIR:-${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}}
 REGISTRY_BIN=$TOOLS/bin/cargo-http-registry
 if [ "$("$REGISTRY_BIN" --version 2>/dev/null || true)" != "cargo-http-registry $REGISTRY_VERSION" ]; then
   step "installing cargo-http-registry $REGISTRY_VERSION from crates.io into $TOOLS (once)"
