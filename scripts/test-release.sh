@@ -54,6 +54,7 @@ done
 REGISTRY_VERSION=0.1.8
 TOOLS=${RUNLIMIT_TOOLS_DIR:-${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}}
 REGISTRY_BIN=$TOOLS/bin/cargo-http-registry
+# (`cargo-http-registry --version` prints its version, then exits non-zero.)
 if [ "$("$REGISTRY_BIN" --version 2>/dev/null || true)" != "cargo-http-registry $REGISTRY_VERSION" ]; then
   step "installing cargo-http-registry $REGISTRY_VERSION from crates.io into $TOOLS (once)"
   cargo install --quiet --locked --root "$TOOLS" cargo-http-registry --version "$REGISTRY_VERSION" \
