@@ -64,7 +64,7 @@ def check_links(doc_dir, crates, problems):
 
 
 def check_sources(root, problems):
-    paths = [os.path.join(root, "README.md")]
+    paths = [os.path.join(root, name) for name in ("README.md", "CHANGELOG.md", "ROADMAP.md", "RELEASING.md")]
     for top in ("crates", "scripts", "smoke"):
         for directory, dirs, files in os.walk(os.path.join(root, top)):
             dirs[:] = [d for d in dirs if d != "target"]
