@@ -594,14 +594,23 @@ impl Backends {
     /// - PostgreSQL: the pool answers `SELECT 1`.
     pub async fn readiness(&self, timeout: Duration) -> Readiness {
         let label = self.label();
+        // Both Redis limiters at once (each has its own connection), so the probe takes at most
+        // `timeout`; the identity limiter's reason first.
         let redis = async {
-            if let IdentityLimiter::Redis(limiter) = &*self.identity {
-                prepare(limiter, timeout).await?;
-            }
-            if let ItemsLimiter::Redis(limiter) = &*self.items {
-                prepare(limiter, timeout).await?;
-            }
-            Ok(())
+            let identity = async {
+                match &*self.identity {
+                    IdentityLimiter::Redis(limiter) => prepare(limiter, timeout).await,
+                    _ => Ok(()),
+                }
+            };
+            let items = async {
+                match &*self.items {
+                    ItemsLimiter::Redis(limiter) => prepare(limiter, timeout).await,
+                    _ => Ok(()),
+                }
+            };
+            let (identity, items) = tokio::join!(identity, items);
+            identity.and(items)
         };
         let postgres = async {
             match &self.postgres {

@@ -68,6 +68,27 @@ fn an_unreachable_redis_server_names_its_address_the_cause_and_the_fix_at_once()
 }
 
 #[test]
+fn a_silent_redis_server_is_named_with_the_timeout_within_seconds() {
+    // A loopback listener that never answers: the kernel completes the TCP handshake, nobody
+    // speaks Redis.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let started = std::time::Instant::now();
+    let (ok, message) = run(&["--redis-url", &format!("redis://127.0.0.1:{port}")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: cannot use Redis at 127.0.0.1:{port} (--redis-url); check that the server runs there, \
+             accepts TCP connections, and that the URL's credentials and database are right: could not prepare \
+             the Redis server: timed out after 1s obtaining a Redis connection"
+        )
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "bounded by the 1 s connect timeout");
+    drop(silent);
+}
+
+#[test]
 fn a_redis_url_the_demo_cannot_use_names_the_flag_and_the_expected_form() {
     let expected = "runlimit-demo: --redis-url is not a usable Redis URL; expected \
                     redis://[USER:PASSWORD@]HOST[:PORT][/DB] (no TLS, no Unix socket): ";
