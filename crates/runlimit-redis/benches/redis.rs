@@ -27,7 +27,8 @@
 //!   `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` is set (database `runlimit_redis_bench`, created
 //!   and dropped).
 //!
-//! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. Then it fills a fresh
+//! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency, and
+//! `RUNLIMIT_BENCH_WORKLOADS=baseline,fixed` to the workloads named (for profiling one). Then it fills a fresh
 //! limiter with 1,000,000 distinct keys (`RUNLIMIT_BENCH_KEYS` to change) and reports the
 //! server's `used_memory` growth per live key.
 
@@ -332,6 +333,9 @@ fn main() {
         let mut workloads = vec![Workload::Baseline, Workload::Fixed, Workload::Fixed2, Workload::Gcra, Workload::Gcra2];
         if setup.postgres.is_some() {
             workloads.push(Workload::Postgres);
+        }
+        if let Ok(only) = std::env::var("RUNLIMIT_BENCH_WORKLOADS") {
+            workloads.retain(|workload| only.split(',').any(|name| name.trim() == workload.name()));
         }
         for tasks in CONCURRENCY.into_iter().filter(|tasks| only.is_none_or(|only| only == *tasks)) {
             let mut rates = Vec::new();

@@ -13,6 +13,23 @@ use runlimit_core::{
 
 pub(crate) use sealed::Verdict;
 
+#[cfg(test)]
+mod tests {
+    use super::is_state;
+
+    #[test]
+    fn is_state_matches_exactly_the_formatted_state() {
+        for (a, b) in [(0, 0), (7, 10), (1_796_287_181_321, 5), (u64::MAX, u64::MAX)] {
+            assert!(is_state(&format!("{a}:{b}"), (a, b)));
+        }
+        for text in
+            ["", ":", "7", "7:", ":10", "07:10", "7:010", "+7:10", "7:+10", "7:10:", "7 :10", "8:10", "7:11"]
+        {
+            assert!(!is_state(text, (7, 10)), "{text}");
+        }
+    }
+}
+
 /// A policy type a [`RedisStore`](crate::RedisStore) can count: [`FixedWindowPolicy`]
 /// ([`RedisLimiter`](crate::RedisLimiter)) or [`GcraPolicy`]
 /// ([`RedisGcraLimiter`](crate::RedisGcraLimiter)). Sealed: only this crate implements it.
@@ -28,8 +45,8 @@ pub(crate) mod sealed {
     /// The rule's answer for one check, with the state an allowed check stores.
     #[derive(Debug)]
     pub enum Verdict {
-        /// Allowed: store `next`.
-        Allowed { allowance: Allowance, next: String },
+        /// Allowed: store `next`, the state `"<next.0>:<next.1>"`.
+        Allowed { allowance: Allowance, next: (u64, u64) },
         /// Denied by the quota: store nothing.
         Exhausted(QuotaDenial),
     }
@@ -40,15 +57,16 @@ pub(crate) mod sealed {
         const NAME: &'static str;
         /// The algorithm's tag in key names.
         const TAG: &'static str;
-        /// Its admission script's source (shebang, shared functions, rule, admission body).
+        /// Its admission script's source (shebang, the rule on plain numbers, the single-check
+        /// fast path, shared functions, the exact rule, the general admission body).
         const ADMIT: &'static str;
         /// Its cleanup script's source (cleanup reads states to find their real expiry).
         const CLEANUP: &'static str;
         /// The decoded stored state.
         type State: Copy + std::fmt::Debug;
 
-        /// Appends the rule's arguments for `check` (see the rule's Lua file).
-        fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>);
+        /// Appends the rule's arguments for `check` to an `EVALSHA` (see the rule's Lua file).
+        fn arguments(check: &Check<'_, Self>, command: &mut redis::Cmd);
 
         /// Decodes a stored state; `None` when it is malformed.
         fn parse(&self, state: &str) -> Option<Self::State>;
@@ -62,6 +80,17 @@ pub(crate) mod sealed {
         /// Whether the state is live (not yet equivalent to no state) at `now_ms`.
         fn is_live(&self, state: Self::State, now_ms: u64) -> bool;
     }
+}
+
+/// Whether `state` is exactly `"<a>:<b>"` (as `format!("{a}:{b}")` writes it), without
+/// allocating.
+pub(crate) fn is_state(state: &str, (a, b): (u64, u64)) -> bool {
+    let canonical = |text: &str, value: u64| {
+        text.bytes().all(|byte| byte.is_ascii_digit())
+            && (text == "0" || !text.starts_with('0'))
+            && text.parse::<u64>() == Ok(value)
+    };
+    state.split_once(':').is_some_and(|(first, second)| canonical(first, a) && canonical(second, b))
 }
 
 /// `"<a>:<b>"` of two unsigned decimals.
@@ -79,28 +108,28 @@ impl sealed::Algorithm for FixedWindowPolicy {
     const TAG: &'static str = "fw";
     const ADMIT: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/core.lua"),
         include_str!("lua/fixed_window.lua"),
         include_str!("lua/single.lua"),
+        include_str!("lua/core.lua"),
+        include_str!("lua/fixed_window_exact.lua"),
         include_str!("lua/shard.lua"),
         include_str!("lua/admit.lua")
     );
     const CLEANUP: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/core.lua"),
         include_str!("lua/fixed_window.lua"),
+        include_str!("lua/core.lua"),
+        include_str!("lua/fixed_window_exact.lua"),
         include_str!("lua/shard.lua"),
         include_str!("lua/cleanup.lua")
     );
     type State = Window;
 
-    fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>) {
+    fn arguments(check: &Check<'_, Self>, command: &mut redis::Cmd) {
         let limit = check.policy().limit().get();
         let cost = check.cost();
-        args.push(check.policy().window().as_millis().to_string().into_bytes());
         // A check's cost is between 1 and the limit (validated when it was built).
-        args.push(limit.saturating_sub(cost).to_string().into_bytes());
-        args.push(cost.to_string().into_bytes());
+        command.arg(check.policy().window().as_millis()).arg(limit.saturating_sub(cost)).arg(cost);
     }
 
     fn parse(&self, state: &str) -> Option<Window> {
@@ -111,7 +140,7 @@ impl sealed::Algorithm for FixedWindowPolicy {
     fn evaluate(&self, state: Option<Window>, now_ms: u64, cost: u64) -> Option<Verdict> {
         Some(match fixed_window::evaluate(&FixedWindowParameters::of(self), state, now_ms, cost) {
             FixedWindowOutcome::Allowed { allowance, window, .. } => {
-                Verdict::Allowed { allowance, next: format!("{}:{}", window.deadline_ms(), window.used()) }
+                Verdict::Allowed { allowance, next: (window.deadline_ms(), window.used()) }
             }
             FixedWindowOutcome::Exhausted(denial) => Verdict::Exhausted(denial),
         })
@@ -131,22 +160,24 @@ impl sealed::Algorithm for GcraPolicy {
     const TAG: &'static str = "gcra";
     const ADMIT: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/core.lua"),
         include_str!("lua/gcra.lua"),
         include_str!("lua/single.lua"),
+        include_str!("lua/core.lua"),
+        include_str!("lua/gcra_exact.lua"),
         include_str!("lua/shard.lua"),
         include_str!("lua/admit.lua")
     );
     const CLEANUP: &'static str = concat!(
         "#!lua\n",
-        include_str!("lua/core.lua"),
         include_str!("lua/gcra.lua"),
+        include_str!("lua/core.lua"),
+        include_str!("lua/gcra_exact.lua"),
         include_str!("lua/shard.lua"),
         include_str!("lua/cleanup.lua")
     );
     type State = TheoreticalArrivalTime;
 
-    fn arguments(check: &Check<'_, Self>, args: &mut Vec<Vec<u8>>) {
+    fn arguments(check: &Check<'_, Self>, command: &mut redis::Cmd) {
         let parameters = GcraParameters::of(check.policy());
         let quota = u128::from(parameters.quota().get());
         let period = u128::from(parameters.period().as_millis());
@@ -156,9 +187,12 @@ impl sealed::Algorithm for GcraPolicy {
         // the policy's full replenishment time in ms.
         let spend = cost * period;
         let room = burst.saturating_sub(cost) * period;
-        for value in [spend / quota, spend % quota, quota - spend % quota, room / quota, room % quota] {
-            args.push(value.to_string().into_bytes());
-        }
+        command
+            .arg(spend / quota)
+            .arg(spend % quota)
+            .arg(quota - spend % quota)
+            .arg(room / quota)
+            .arg(room % quota);
     }
 
     fn parse(&self, state: &str) -> Option<TheoreticalArrivalTime> {
@@ -174,7 +208,7 @@ impl sealed::Algorithm for GcraPolicy {
                 let (millis, remainder) = tat.to_parts(parameters)?;
                 Some(Verdict::Allowed {
                     allowance: outcome.allowance(parameters)?,
-                    next: format!("{millis}:{remainder}"),
+                    next: (millis, remainder),
                 })
             }
             GcraOutcome::Denied { .. } => outcome.quota_denial(parameters).map(Verdict::Exhausted),

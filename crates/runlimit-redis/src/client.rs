@@ -60,6 +60,14 @@ impl Script {
     pub(crate) fn source(&self) -> &'static str {
         self.source
     }
+
+    /// `EVALSHA <sha> <keys>`, to which the caller appends the keys and then the arguments.
+    /// `args` and `bytes` size the command's buffers (a hint).
+    pub(crate) fn evalsha(&self, keys: usize, args: usize, bytes: usize) -> redis::Cmd {
+        let mut command = redis::Cmd::with_capacity(3 + args, 64 + bytes);
+        command.arg("EVALSHA").arg(self.sha.as_str()).arg(keys);
+        command
+    }
 }
 
 /// A live multiplexed connection and the flag its driver task sets when it ends.
@@ -253,11 +261,11 @@ impl Connector {
         link
     }
 
-    /// The server that serves `slot`: its cluster primary, or the URL's server outside a
-    /// cluster (or before the slot map is known).
-    fn route(&self, slot: u16) -> Node {
-        let slots = self.slots.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        slots.as_ref().and_then(|map| map.primary(slot)).cloned().unwrap_or_else(|| self.seed.clone())
+    /// The link to the server that serves `slot`: its cluster primary, or the URL's server
+    /// outside a cluster (or before the slot map is known).
+    fn route(&self, slot: u16) -> Arc<Link> {
+        let map = self.slots.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        self.link(map.as_deref().and_then(|map| map.primary(slot)).unwrap_or(&self.seed))
     }
 
     /// Reads the cluster's slot map from `node` (`CLUSTER SLOTS`) and routes by it from now on.
@@ -284,8 +292,8 @@ impl Connector {
         &self.seed
     }
 
-    /// Runs `script` with `keys` (all in hash slot `slot`) and `args` on the server of `slot`:
-    /// one `EVALSHA`, and after `NOSCRIPT` one `SCRIPT LOAD` and one more `EVALSHA`, all
+    /// Runs `evalsha` (of `script`, from [`Script::evalsha`], every key in hash slot `slot`) on
+    /// the server of `slot`: one `EVALSHA`, and after `NOSCRIPT` one `SCRIPT LOAD` and one more `EVALSHA`, all
     /// within `operation_timeout` once a connection is at hand (obtained within
     /// `connect_timeout`). A cluster redirection refreshes the slot map and is returned as the
     /// error it is (the script did not run); it is not followed.
@@ -293,23 +301,19 @@ impl Connector {
         &self,
         script: &Script,
         slot: u16,
-        keys: &[Vec<u8>],
-        args: &[Vec<u8>],
+        evalsha: &redis::Cmd,
         connect_timeout: Duration,
         operation_timeout: Duration,
     ) -> Result<Value, Failure> {
-        let node = self.route(slot);
-        let link = self.link(&node);
+        let link = self.route(slot);
         let live = link.live(&self.info, connect_timeout).await?;
         let deadline = Instant::now() + operation_timeout;
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
-        let result = match send(&live, &evalsha, deadline, operation_timeout).await {
+        let result = match send(&live, evalsha, deadline, operation_timeout).await {
             Err(Failure::Server(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(script.source);
                 send(&live, &load, deadline, operation_timeout).await?;
-                send(&live, &evalsha, deadline, operation_timeout).await
+                send(&live, evalsha, deadline, operation_timeout).await
             }
             result => result,
         };
@@ -317,7 +321,7 @@ impl Connector {
             && is_redirection(error)
         {
             // Best effort: the next admission of the slot goes where the cluster says.
-            let _ = self.discover(&node, connect_timeout, operation_timeout).await;
+            let _ = self.discover(&link.node, connect_timeout, operation_timeout).await;
         }
         result
     }

@@ -53,10 +53,13 @@ impl Place {
     }
 }
 
-/// The key-name bases and hash slots of one limiter's 256 shards, computed once.
+/// The key-name bases, hash and index names and hash slots of one limiter's 256 shards,
+/// computed once.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
     bases: Vec<String>,
+    hashes: Vec<String>,
+    indexes: Vec<String>,
     slots: Vec<u16>,
 }
 
@@ -68,14 +71,16 @@ impl Layout {
             Placement::SingleSlot => prefix.to_owned(),
             Placement::PerShard => format!("{prefix}:{algorithm}1:{shard:02x}"),
         };
-        let bases = (0..SHARDS)
+        let bases: Vec<String> = (0..SHARDS)
             .map(|shard| match config.placement() {
                 Placement::SingleSlot => format!("{{{}}}:{algorithm}1:{shard:02x}:", tag(shard)),
                 Placement::PerShard => format!("{{{}}}:", tag(shard)),
             })
             .collect();
+        let hashes = bases.iter().map(|base| format!("{base}s")).collect();
+        let indexes = bases.iter().map(|base| format!("{base}i")).collect();
         let slots = (0..SHARDS).map(|shard| slot_of(&tag(shard))).collect();
-        Self { bases, slots }
+        Self { bases, hashes, indexes, slots }
     }
 
     /// The Redis Cluster hash slot of every key of `shard`.
@@ -88,19 +93,41 @@ impl Layout {
         self.bases.get(usize::from(shard)).map_or("", String::as_str)
     }
 
-    /// The hash of `shard`: its entries and its fields `w`, `n` and `e`.
-    pub(crate) fn hash(&self, shard: u8) -> String {
-        format!("{}s", self.base(shard))
+    /// The hash of `shard`: its entries and its fields `w`, `n` and `e` (`<base>s`: the
+    /// scripts derive a shard's base from its hash's name).
+    pub(crate) fn hash(&self, shard: u8) -> &str {
+        self.hashes.get(usize::from(shard)).map_or("", String::as_str)
     }
 
     /// The bucket index of `shard`.
-    pub(crate) fn index(&self, shard: u8) -> String {
-        format!("{}i", self.base(shard))
+    pub(crate) fn index(&self, shard: u8) -> &str {
+        self.indexes.get(usize::from(shard)).map_or("", String::as_str)
     }
 
     /// The expiry sorted set of `bucket` in `shard`.
+    #[cfg(test)]
     pub(crate) fn expiries(&self, shard: u8, bucket: u8) -> String {
         format!("{}x{bucket}", self.base(shard))
+    }
+
+    /// Appends the name of `bucket`'s expiry sorted set in `shard` to `command` as one
+    /// argument, without an intermediate allocation.
+    pub(crate) fn write_expiries(&self, command: &mut redis::Cmd, shard: u8, bucket: u8) {
+        use redis::RedisWrite;
+        use std::io::Write;
+        let mut digits = [b'x', b'0', b'0'];
+        let written = if bucket >= 10 {
+            digits[1] += bucket / 10;
+            digits[2] += bucket % 10;
+            3
+        } else {
+            digits[1] += bucket;
+            2
+        };
+        let mut arg = command.writer_for_next_arg();
+        // Writing to the command's own buffer cannot fail.
+        let _ = arg.write_all(self.base(shard).as_bytes());
+        let _ = arg.write_all(digits.get(..written).unwrap_or_default());
     }
 }
 
@@ -116,6 +143,13 @@ mod tests {
         assert_eq!(layout.hash(0x3a), "{api}:fw1:3a:s");
         assert_eq!(layout.index(0), "{api}:fw1:00:i");
         assert_eq!(layout.expiries(0xff, 63), "{api}:fw1:ff:x63");
+        for bucket in [0, 7, 10, 63] {
+            let mut command = redis::Cmd::new();
+            layout.write_expiries(&mut command, 0xff, bucket);
+            let mut expected = redis::Cmd::new();
+            expected.arg(layout.expiries(0xff, bucket));
+            assert_eq!(command.get_packed_command(), expected.get_packed_command());
+        }
         let layout = Layout::new(&config.with_placement(Placement::PerShard), "gcra");
         assert_eq!(layout.expiries(0x3a, 7), "{api:gcra1:3a}:x7");
         assert_eq!(layout.slot(0x3a), slot_of("api:gcra1:3a"));

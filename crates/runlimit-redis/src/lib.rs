@@ -82,10 +82,10 @@
 //! A member is 24 opaque bytes (8 of the policy fingerprint, 16 of the HMAC subject key): no
 //! raw subject is ever stored. The bucket is the subject key's second byte modulo 64.
 //!
-//! An admission of a stored key is three commands: `TIME`, one `HMGET` of the state and the
-//! shard's fields, one `HSET` of both. Expiry scores are lower bounds: exact when a member is
-//! added, and never rewritten by admissions, since an entry's expiry never decreases (time only
-//! moves forward). Cleanup (by admissions, up to
+//! An admission of keys stored in one shard (a single check, or a batch within one shard) is
+//! three commands: `TIME`, one `HMGET` of the states and the shard's fields, one `HSET` of them
+//! all. Expiry scores are lower bounds: exact when a member is added, and never rewritten by
+//! admissions, since an entry's expiry never decreases (time only moves forward). Cleanup (by admissions, up to
 //! [`RedisConfig::expired_removals_per_check`] entries per check, and by
 //! [`RedisStore::cleanup_expired`]) reads the state behind each score that has passed, removes
 //! the expired entries and re-scores the live ones at their real expiry, as the memory stores'

@@ -13,7 +13,7 @@ use runlimit_core::{
 };
 
 use crate::{
-    algorithm::{RedisAlgorithm, Verdict},
+    algorithm::{RedisAlgorithm, Verdict, is_state},
     client::{Connector, Failure, Node, Script, UrlFailure},
     config::{Placement, RedisConfig, SHARDS},
     error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, UrlError},
@@ -25,6 +25,9 @@ use crate::{
 struct Settings {
     config: RedisConfig,
     layout: Layout,
+    /// The start of every admission's plan (admit.lua): the expired entries examined per check
+    /// and the capacity per shard.
+    plan: String,
     admit: Script,
     peek: Script,
     reset: Script,
@@ -48,6 +51,7 @@ impl Settings {
     fn new<P: RedisAlgorithm>(config: RedisConfig) -> Self {
         Self {
             layout: Layout::new(&config, P::TAG),
+            plan: format!("{} {}", config.expired_removals_per_check(), config.maximum_keys_per_shard()),
             config,
             admit: Script::new(P::ADMIT),
             peek: Script::new(PEEK),
@@ -171,13 +175,13 @@ impl Shards {
     }
 }
 
-/// One check's part of an admission reply.
+/// One check's part of an admission reply (borrowed from the reply).
 #[derive(Debug)]
-struct MemberReply {
-    state: Option<String>,
+struct MemberReply<'a> {
+    state: Option<&'a str>,
     present: bool,
     allowed: bool,
-    next: Option<String>,
+    next: Option<&'a str>,
 }
 
 /// One shard's part of an admission reply.
@@ -189,10 +193,10 @@ struct ShardReply {
 
 /// An admission script's reply.
 #[derive(Debug)]
-struct Reply {
+struct Reply<'a> {
     now: u64,
     written: bool,
-    members: Vec<MemberReply>,
+    members: Vec<MemberReply<'a>>,
     shards: Vec<ShardReply>,
 }
 
@@ -220,14 +224,8 @@ fn text(value: &Value) -> Option<String> {
 fn number(value: &Value) -> Option<u64> {
     match value {
         Value::Int(number) => u64::try_from(*number).ok(),
-        other => text(other)?.parse().ok(),
-    }
-}
-
-fn flag(value: &Value) -> Option<bool> {
-    match number(value)? {
-        0 => Some(false),
-        1 => Some(true),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
         _ => None,
     }
 }
@@ -237,52 +235,116 @@ fn optional_text(value: &Value) -> Option<Option<String>> {
     Some(if text.is_empty() { None } else { Some(text) })
 }
 
-impl Reply {
-    /// Decodes an admission reply of `members` checks on `shards` shards; `Err(written)` when
-    /// it is malformed (`written`: whether its flag says the script may have written).
-    fn decode(value: &Value, members: usize, shards: usize) -> Result<Self, bool> {
-        let Value::Array(items) = value else { return Err(true) };
-        let written = items.get(1).and_then(flag);
+/// The space-separated fields of a reply (a byte search: cheaper than `str::split` on such
+/// short fields).
+struct Fields<'a>(Option<&'a str>);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.0?;
+        match rest.bytes().position(|byte| byte == b' ') {
+            Some(at) => {
+                self.0 = rest.get(at + 1..);
+                rest.get(..at)
+            }
+            None => {
+                self.0 = None;
+                Some(rest)
+            }
+        }
+    }
+}
+
+/// `" <value>"` for a value below 100, as bytes.
+fn small_decimal(value: usize) -> SmallDecimal {
+    let tens = u8::try_from(value / 10 % 10).unwrap_or(0);
+    let ones = u8::try_from(value % 10).unwrap_or(0);
+    if value >= 10 {
+        SmallDecimal { bytes: [b' ', b'0' + tens, b'0' + ones], len: 3 }
+    } else {
+        SmallDecimal { bytes: [b' ', b'0' + ones, 0], len: 2 }
+    }
+}
+
+/// A short byte string on the stack.
+struct SmallDecimal {
+    bytes: [u8; 3],
+    len: usize,
+}
+
+impl SmallDecimal {
+    fn as_slice(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// A `0` or `1` field.
+fn flag_field(field: &str) -> Option<bool> {
+    match field {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
+/// A field that is empty (`None`) or a string.
+fn optional_field(field: &str) -> Option<&str> {
+    if field.is_empty() { None } else { Some(field) }
+}
+
+impl<'a> Reply<'a> {
+    /// Decodes an admission reply of `members` checks on `shards` shards (admit.lua: one string
+    /// of space-separated fields, borrowed); `Err(written)` when it is malformed (`written`:
+    /// whether the script may have written).
+    fn decode(value: &'a Value, members: usize, shards: usize) -> Result<Self, bool> {
+        let text = match value {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+            Value::SimpleString(text) => Some(text.as_str()),
+            _ => None,
+        };
+        let Some(text) = text else { return Err(true) };
+        let mut fields = Fields(Some(text));
+        let now = fields.next().and_then(|field| field.parse::<u64>().ok());
+        let written = fields.next().and_then(flag_field);
         let malformed = Err(written != Some(false));
-        if let ([now, _, state, next, entries], 1, 1) = (items.as_slice(), members, shards) {
-            // A single check of a stored key: {now, written, state, next, entries}. The key
-            // needed no slot, so it was written exactly when its rule allowed it.
-            let (Some(now), Some(written), Some(Some(state)), Some(next), Some(entries)) =
-                (number(now), written, optional_text(state), optional_text(next), number(entries))
-            else {
+        let (Some(now), Some(written)) = (now, written) else { return malformed };
+        let mut decoded =
+            Self { now, written, members: Vec::with_capacity(members), shards: Vec::with_capacity(shards) };
+        for _ in 0..members {
+            let (Some(state), Some(present), Some(allowed), Some(next)) = (
+                fields.next(),
+                fields.next().and_then(flag_field),
+                fields.next().and_then(flag_field),
+                fields.next(),
+            ) else {
                 return malformed;
             };
-            return Ok(Self {
-                now,
-                written,
-                members: vec![MemberReply { state: Some(state), present: true, allowed: written, next }],
-                shards: vec![ShardReply { entries, earliest: None }],
+            decoded.members.push(MemberReply {
+                state: optional_field(state),
+                present,
+                allowed,
+                next: optional_field(next),
             });
         }
-        if items.len() != 2 + 4 * members + 3 * shards {
-            return malformed;
-        }
-        let Some(now) = items.first().and_then(number) else { return malformed };
-        let Some(written) = written else { return malformed };
-        let mut decoded = Self { now, written, members: Vec::with_capacity(members), shards: Vec::new() };
-        for member in items[2..2 + 4 * members].chunks_exact(4) {
-            let (Some(state), Some(present), Some(allowed), Some(next)) =
-                (optional_text(&member[0]), flag(&member[1]), flag(&member[2]), optional_text(&member[3]))
-            else {
+        for _ in 0..shards {
+            let (Some(entries), Some(_removed), Some(earliest)) = (
+                fields.next().and_then(|field| field.parse::<u64>().ok()),
+                fields.next().and_then(|field| field.parse::<u64>().ok()),
+                fields.next(),
+            ) else {
                 return malformed;
             };
-            decoded.members.push(MemberReply { state, present, allowed, next });
-        }
-        for shard in items[2 + 4 * members..].chunks_exact(3) {
-            let (Some(entries), Some(earliest)) = (number(&shard[0]), optional_text(&shard[2])) else {
-                return malformed;
-            };
-            let earliest = match earliest.map(|text| text.parse::<u64>()) {
+            let earliest = match optional_field(earliest).map(str::parse::<u64>) {
                 None => None,
                 Some(Ok(at)) => Some(at),
                 Some(Err(_)) => return malformed,
             };
             decoded.shards.push(ShardReply { entries, earliest });
+        }
+        if fields.next().is_some() {
+            return malformed;
         }
         Ok(decoded)
     }
@@ -299,15 +361,9 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
     }
 
     /// Runs `script` on the server of `shard`'s hash slot.
-    async fn run(
-        &self,
-        script: &Script,
-        shard: u8,
-        keys: &[Vec<u8>],
-        args: &[Vec<u8>],
-    ) -> Result<Value, Failure> {
+    async fn run(&self, script: &Script, shard: u8, evalsha: &redis::Cmd) -> Result<Value, Failure> {
         let (connect, operation) = self.timeouts();
-        self.connector.run(script, self.settings.layout.slot(shard), keys, args, connect, operation).await
+        self.connector.run(script, self.settings.layout.slot(shard), evalsha, connect, operation).await
     }
 
     /// Checks one server (or cluster primary) and loads the scripts there.
@@ -375,31 +431,41 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
     async fn admit(&self, checks: &[Check<'_, P>], mode: QuotaMode) -> Result<Admission, CheckError> {
         let settings = &self.settings;
         let config = &settings.config;
+        let layout = &settings.layout;
         let places: Vec<Place> = checks.iter().map(Place::of).collect();
         let shards = Shards::of(&places);
-        let mut keys = Vec::with_capacity(2 * shards.touched.len() + checks.len());
-        let mut args = Vec::with_capacity(4 + 2 * shards.touched.len() + 8 * checks.len());
-        args.push(shards.touched.len().to_string().into_bytes());
-        args.push(checks.len().to_string().into_bytes());
-        args.push(config.expired_removals_per_check().to_string().into_bytes());
-        args.push(config.maximum_keys_per_shard().to_string().into_bytes());
-        for &(shard, count) in &shards.touched {
-            keys.push(settings.layout.hash(shard).into_bytes());
-            keys.push(settings.layout.index(shard).into_bytes());
-            args.push(settings.layout.base(shard).as_bytes().to_vec());
-            args.push(count.to_string().into_bytes());
+        // The layout of admit.lua: KEYS are each shard's hash and index, then each check's
+        // expiry set; ARGV is each check's member and rule arguments, then the plan.
+        let key_count = 2 * shards.touched.len() + checks.len();
+        let mut evalsha =
+            settings.admit.evalsha(key_count, key_count + 6 * checks.len() + 1, 128 * checks.len());
+        for &(shard, _) in &shards.touched {
+            evalsha.arg(layout.hash(shard)).arg(layout.index(shard));
         }
-        for ((check, place), position) in checks.iter().zip(&places).zip(&shards.position) {
-            keys.push(settings.layout.expiries(place.shard, place.bucket).into_bytes());
-            args.push((position + 1).to_string().into_bytes());
-            args.push(place.bucket.to_string().into_bytes());
-            args.push(place.member.to_vec());
-            P::arguments(check, &mut args);
+        for place in &places {
+            layout.write_expiries(&mut evalsha, place.shard, place.bucket);
+        }
+        for (check, place) in checks.iter().zip(&places) {
+            evalsha.arg(&place.member[..]);
+            P::arguments(check, &mut evalsha);
+        }
+        {
+            use redis::RedisWrite;
+            use std::io::Write;
+            let mut plan = evalsha.writer_for_next_arg();
+            // Writing to the command's own buffer cannot fail.
+            let _ = plan.write_all(settings.plan.as_bytes());
+            for (place, position) in places.iter().zip(&shards.position) {
+                // Both below 100: a position is at most MAX_BATCH_SIZE, a bucket below BUCKETS.
+                for value in [position + 1, usize::from(place.bucket)] {
+                    let _ = plan.write_all(small_decimal(value).as_slice());
+                }
+            }
         }
         // Every key of an admission is in one hash slot: the placement guarantees it (one slot
         // per limiter, or a batch confined to one shard, checked before any I/O).
         let shard = places.first().map_or(0, |place| place.shard);
-        let value = self.run(&settings.admit, shard, &keys, &args).await?;
+        let value = self.run(&settings.admit, shard, &evalsha).await?;
         let reply = Reply::decode(&value, checks.len(), shards.touched.len()).map_err(|written| {
             CheckError::MalformedReply {
                 reason: "unexpected admission reply",
@@ -506,9 +572,9 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
     pub async fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, CheckError> {
         let policy = subject.policy();
         let place = Place::of(&Check::new(subject));
-        let layout = &self.settings.layout;
-        let keys = [layout.hash(place.shard).into_bytes()];
-        let value = self.run(&self.settings.peek, place.shard, &keys, &[place.member.to_vec()]).await?;
+        let mut evalsha = self.settings.peek.evalsha(1, 2, 128);
+        evalsha.arg(self.settings.layout.hash(place.shard)).arg(&place.member[..]);
+        let value = self.run(&self.settings.peek, place.shard, &evalsha).await?;
         let malformed = |reason| CheckError::MalformedReply { reason, consumption: consumption(false) };
         let (now, state) = now_and_state(&value).ok_or_else(|| malformed("unexpected peek reply"))?;
         let state = match state {
@@ -533,10 +599,11 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let policy = subject.policy();
         let place = Place::of(&Check::new(subject));
         let layout = &self.settings.layout;
-        let keys =
-            [layout.hash(place.shard).into_bytes(), layout.expiries(place.shard, place.bucket).into_bytes()];
-        let args = [place.member.to_vec()];
-        let result = match self.run(&self.settings.reset, place.shard, &keys, &args).await {
+        let mut evalsha = self.settings.reset.evalsha(2, 3, 128);
+        evalsha.arg(layout.hash(place.shard));
+        layout.write_expiries(&mut evalsha, place.shard, place.bucket);
+        evalsha.arg(&place.member[..]);
+        let result = match self.run(&self.settings.reset, place.shard, &evalsha).await {
             Err(failure) => Err(MaintenanceError::new(failure.into(), 0)),
             Ok(value) => match now_and_state(&value) {
                 Some((now, state)) => Ok(state
@@ -577,9 +644,9 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
             if left == 0 {
                 break;
             }
-            let keys = [layout.hash(shard).into_bytes(), layout.index(shard).into_bytes()];
-            let args = [layout.base(shard).as_bytes().to_vec(), left.to_string().into_bytes()];
-            match self.run(&self.settings.cleanup, shard, &keys, &args).await {
+            let mut evalsha = self.settings.cleanup.evalsha(2, 4, 128);
+            evalsha.arg(layout.hash(shard)).arg(layout.index(shard)).arg(layout.base(shard)).arg(left);
+            match self.run(&self.settings.cleanup, shard, &evalsha).await {
                 Ok(value) => match number(&value) {
                     Some(count) => removed += count,
                     None => {
@@ -648,7 +715,7 @@ fn decide<P: RedisAlgorithm>(
         .collect();
     for (index, (check, member)) in checks.iter().zip(&reply.members).enumerate() {
         let policy = check.policy();
-        let state = match &member.state {
+        let state = match member.state {
             Some(state) => Some(policy.parse(state).ok_or_else(|| disagree("malformed stored state"))?),
             None => None,
         };
@@ -668,7 +735,7 @@ fn decide<P: RedisAlgorithm>(
                 if !member.allowed {
                     return Err(disagree("the script denied a check the rule allows"));
                 }
-                if reply.written && member.next.as_deref() != Some(next.as_str()) {
+                if reply.written && !member.next.is_some_and(|stored| is_state(stored, next)) {
                     return Err(disagree("the script stored another state than the rule"));
                 }
                 let position = shards.position.get(index).copied().unwrap_or(0);

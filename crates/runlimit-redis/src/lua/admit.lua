@@ -2,9 +2,12 @@
 --
 -- KEYS: for each shard s the operation touches, its hash (entries and the fields w, n, e) and
 -- its index; then for each check i, its bucket's expiry set.
--- ARGV: shard count, check count, expired entries examined per check, capacity per shard; for
--- each shard its key-name base and how many checks it holds; for each check its shard
--- (1-based position), bucket, member name and the algorithm's arguments.
+-- ARGV: for each check i, its member name and the algorithm's arguments; then the admission's
+-- plan, decimal integers separated by spaces: the expired entries examined per check, the
+-- capacity per shard, and for each check its shard (1-based position among the shards) and
+-- its bucket. So M = (#ARGV - 1) / (1 + ARGS) and S = (#KEYS - M) / 2; a shard's key-name base
+-- is its hash's name without the final 's'. (A single check, the common case, sends 3 KEYS
+-- and 2 + ARGS ARGV.)
 --
 -- Read and evaluate everything first, write last: Redis never rolls a script back, so nothing
 -- after the first write can fail (every value written was validated in the read phase, and
@@ -13,31 +16,37 @@
 -- which no decision depends on, is written either way.
 --
 -- A check of a stored key is three commands: TIME, one HMGET of the state and the shard's
--- fields, one HSET of both.
-local S, M = tonumber(ARGV[1]), tonumber(ARGV[2])
-local per_check, capacity = tonumber(ARGV[3]), tonumber(ARGV[4])
-if S == nil or M == nil or per_check == nil or capacity == nil or S < 1 or M < 1 then
-  fail('malformed admission header')
+-- fields, one HSET of both (single.lua's fast path, which also computes M).
+local width = 1 + ARGS
+local S = (#KEYS - M) / 2
+local plan = {}
+for value in string.gmatch(ARGV[#ARGV] or '', '%d+') do
+  plan[#plan + 1] = value
 end
-local width = 3 + ARGS
+if M < 1 or M % 1 ~= 0 or S < 1 or S % 1 ~= 0 or #plan ~= 2 + 2 * M then
+  fail('malformed admission arguments')
+end
+local per_check, capacity = tonumber(plan[1]), tonumber(plan[2])
 
 -- Read: each shard's fields and its checks' states (one HMGET per shard), and the time,
 -- clamped up to every watermark.
 local now = server_time()
 local shards, checks = {}, {}
 for s = 1, S do
-  shards[s] = {hash = KEYS[2 * s - 1], index = KEYS[2 * s], base = ARGV[3 + 2 * s],
-    checks = tonumber(ARGV[4 + 2 * s]), members = {}, new = 0}
+  local hash = KEYS[2 * s - 1]
+  shards[s] = {hash = hash, index = KEYS[2 * s], base = string.sub(hash, 1, -2), checks = 0,
+    members = {}, new = 0}
 end
 for i = 1, M do
-  local o = 4 + 2 * S + (i - 1) * width
-  local shard = shards[tonumber(ARGV[o + 1])]
+  local o = (i - 1) * width + 1
+  local shard = shards[tonumber(plan[1 + 2 * i])]
   if shard == nil then
-    fail('malformed check arguments')
+    fail('malformed admission arguments')
   end
   local members = shard.members
-  members[#members + 1] = ARGV[o + 3]
-  checks[i] = {shard = shard, slot = #members, bucket = ARGV[o + 2], member = ARGV[o + 3], at = o + 3}
+  members[#members + 1] = ARGV[o]
+  shard.checks = shard.checks + 1
+  checks[i] = {shard = shard, slot = #members, bucket = plan[2 + 2 * i], member = ARGV[o], at = o}
 end
 for s = 1, S do
   local shard = shards[s]
@@ -161,18 +170,24 @@ for s = 1, S do
   end
 end
 
-local reply = {now, write and 1 or 0}
+-- The reply: one string of space-separated fields (states hold no space; an empty field is
+-- ''), which both sides handle far more cheaply than an array of as many elements: the time,
+-- whether the script wrote (1 or 0); for each check its state as read ('' when absent),
+-- whether it was present, whether its rule allowed it, and the state written ('' when
+-- nothing was written); for each shard its entries after the admission, the expired entries
+-- its cleanup removed, and its earliest expiry when a new key did not fit ('' otherwise).
+local reply = {str(now), write and '1' or '0'}
 for i = 1, M do
   local check = checks[i]
   reply[#reply + 1] = check.state or ''
-  reply[#reply + 1] = check.state and 1 or 0
-  reply[#reply + 1] = check.allowed and 1 or 0
+  reply[#reply + 1] = check.state and '1' or '0'
+  reply[#reply + 1] = check.allowed and '1' or '0'
   reply[#reply + 1] = write and check.following or ''
 end
 for s = 1, S do
   local shard = shards[s]
-  reply[#reply + 1] = shard.n
-  reply[#reply + 1] = shard.plan and shard.plan.count or 0
-  reply[#reply + 1] = shard.earliest or ''
+  reply[#reply + 1] = str(shard.n)
+  reply[#reply + 1] = str(shard.plan and shard.plan.count or 0)
+  reply[#reply + 1] = shard.earliest and str(shard.earliest) or ''
 end
-return reply
+return table.concat(reply, ' ')

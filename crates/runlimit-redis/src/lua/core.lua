@@ -8,8 +8,9 @@
 -- limb by limb. Counts of at most 15 digits, by far the common case, take the plain path.
 --
 -- A script runs its whole chunk, creating every local function, on each call: functions only
--- slow paths need (limbs, the shard functions of shard.lua, cleanup) are created on first use
--- or after the admission's fast path.
+-- slow paths need (limbs, the shard functions of shard.lua, cleanup) are created on first use,
+-- and an admission script runs its fast path (single.lua) before this file, with only the
+-- rule's plain function created.
 
 -- Fails the script with the error reply `RUNLIMIT <what>`. Only ever called before the first
 -- write, so a failed script has changed nothing.
@@ -17,12 +18,13 @@ local function fail(what)
   error({err = 'RUNLIMIT ' .. what})
 end
 
--- A decimal integer below 10^15 (< 2^53, so exact), or nil when s is not one.
+-- A decimal integer below 10^15 (< 2^53, so exact), or nil when s is not one. (Arithmetic,
+-- `s + 0`, parses the checked digits once; tonumber would parse them twice.)
 local function num(s)
   if type(s) ~= 'string' or #s == 0 or #s > 15 or string.find(s, '^%d+$') == nil then
     return nil
   end
-  return tonumber(s)
+  return s + 0
 end
 
 -- An exact integer below 2^53 as its decimal digits. ('%d' converts the double to a 64-bit
@@ -85,10 +87,11 @@ local function limbs()
   end
 end
 
--- The server's TIME in whole milliseconds (truncated).
+-- The server's TIME in whole milliseconds (truncated). (single.lua computes it the same way.)
 local function server_time()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local micros = t[2] + 0
+  return t[1] * 1000 + (micros - micros % 1000) / 1000
 end
 
 -- The expiry (ms) of a stored state: the algorithm's file sets it.

@@ -11,76 +11,49 @@
 -- (a, m <= the policy's full replenishment time); r, b, n and Q - b are plain exact doubles
 -- when they have at most 15 digits (then r + b < 2Q < 2^53), limbs otherwise.
 -- Returns allowed, the new state and its expiry ceil(tat' / Q) = t' + [r' > 0].
+--
+-- This file holds the rule on plain numbers, the only function an admission's fast path
+-- creates (see single.lua): it decides when r, b, n and Q - b have at most 15 digits, and
+-- returns nil otherwise or for a state it cannot vouch for. The caller then takes the exact
+-- rule, `evaluate` (gcra_exact.lua), which fails on a malformed state and uses limbs.
+-- (A digit string becomes a number by arithmetic, `s + 0`, which parses it once, where
+-- tonumber parses it twice; every string so converted was matched as digits or sent by the
+-- client.)
 local ARGS = 5
 
-local function evaluate(state, now, i)
-  local a, b, q_minus_b, m, n = tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4]), ARGV[i + 5]
-  local k, t, r = 0, nil, '0'
-  if state then
-    local digits, rest = string.match(state, '^(%d+):(%d+)$')
-    t = num(digits)
-    if t == nil or rest == nil or #rest > 20 then
-      fail('malformed GCRA state')
-    end
-    r = rest
+local function plain(state, now, i)
+  local b, q_minus_b, n = ARGV[i + 2], ARGV[i + 3], ARGV[i + 5]
+  if #b > 15 or #q_minus_b > 15 or #n > 15 then
+    return nil
   end
-  if #b <= 15 and #q_minus_b <= 15 and #n <= 15 and #r <= 15 then
-    local bb, qb, rr = tonumber(b), tonumber(q_minus_b), tonumber(r)
-    if rr >= bb + qb then
-      fail('malformed GCRA state')
+  b, q_minus_b = b + 0, q_minus_b + 0
+  local k, r = 0, 0
+  if state then
+    local t, rest = string.match(state, '^(%d+):(%d+)$')
+    if t == nil or #t > 15 or #rest > 15 then
+      return nil
     end
-    if t == nil or t < now then
-      k, rr = 0, 0
+    r = rest + 0
+    if r >= b + q_minus_b then
+      return nil
+    end
+    t = t + 0
+    if t < now then
+      r = 0
     else
       k = t - now
     end
-    if not (k < m or (k == m and rr <= tonumber(n))) then
-      return false
-    end
-    local t2, r2 = now + k + a, rr + bb
-    if rr >= qb then
-      t2, r2 = t2 + 1, rr - qb
-    end
-    local expiry = t2
-    if r2 > 0 then
-      expiry = t2 + 1
-    end
-    return true, str(t2) .. ':' .. str(r2), expiry
   end
-  limbs()
-  local bb, qb, nn, rr = big(b), big(q_minus_b), big(n), big(r)
-  if cmp(rr, add(qb, bb)) >= 0 then
-    fail('malformed GCRA state')
-  end
-  if t == nil or t < now then
-    k, rr = 0, {0, 0}
-  else
-    k = t - now
-  end
-  if not (k < m or (k == m and cmp(rr, nn) <= 0)) then
+  local m = ARGV[i + 4] + 0
+  if not (k < m or (k == m and r <= n + 0)) then
     return false
   end
-  local t2, r2 = now + k + a, nil
-  if cmp(rr, qb) >= 0 then
-    t2, r2 = t2 + 1, sub(rr, qb)
-  else
-    r2 = add(rr, bb)
+  local t2, r2 = now + k + ARGV[i + 1], r + b
+  if r >= q_minus_b then
+    t2, r2 = t2 + 1, r - q_minus_b
   end
-  local expiry = t2
-  if not is_zero(r2) then
-    expiry = t2 + 1
+  if r2 > 0 then
+    return true, string.format('%d:%d', t2, r2), t2 + 1
   end
-  return true, str(t2) .. ':' .. fmt(r2), expiry
-end
-
-expiry_of = function(state)
-  local digits, rest = string.match(state, '^(%d+):(%d+)$')
-  local t = num(digits)
-  if t == nil then
-    fail('malformed GCRA state')
-  end
-  if rest ~= '0' then
-    return t + 1
-  end
-  return t
+  return true, string.format('%d:0', t2), t2
 end
