@@ -231,10 +231,11 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// Sets how many entries whose recorded expiry has passed an admission may examine in its
-    /// shard per check (a batch gets this allowance once per check on the shard), removing the
-    /// expired ones and re-scoring the live ones: a bound on cleanup work per admission. 0
-    /// leaves all cleanup to [`cleanup_expired`](crate::RedisStore::cleanup_expired).
+    /// Sets how many expired entries an admission may remove from a shard that lacks room for
+    /// its new keys, per check on the shard (it also re-scores at most as many live entries
+    /// whose recorded expiry has passed): a bound on cleanup work per admission. An admission
+    /// whose new keys fit cleans nothing. 0 leaves all cleanup to
+    /// [`cleanup_expired`](crate::RedisStore::cleanup_expired).
     ///
     /// # Errors
     ///

@@ -55,14 +55,14 @@ pub enum CheckError {
     /// The [`operation_timeout`](crate::RedisConfig::operation_timeout) elapsed after the
     /// request was handed to the connection: the script may have run. The connection is
     /// replaced.
-    #[error("timed out after {timeout:?} waiting for Redis; quota may have been consumed")]
+    #[error("timed out after {timeout:?} waiting for Redis after the request was sent")]
     Timeout {
         /// The configured operation timeout.
         timeout: Duration,
     },
     /// The connection failed after the request was handed to it (an I/O error, the connection
     /// closed): the script may have run. The connection is replaced.
-    #[error("the Redis connection failed after the request was sent; quota may have been consumed")]
+    #[error("the Redis connection failed after the request was sent")]
     Connection {
         /// redis-rs' error.
         #[source]
@@ -236,8 +236,10 @@ pub enum UrlError {
     /// The URL is not a Redis URL redis-rs can parse.
     #[error("invalid Redis URL")]
     Invalid(#[source] RedisError),
-    /// The URL names a transport this crate does not open (TLS `rediss://` or a Unix socket):
-    /// only `redis://host[:port][/db]` with optional credentials.
+    /// The URL names a transport this crate does not open (a Unix socket): only
+    /// `redis://host[:port][/db]` with optional credentials. (A TLS `rediss://` URL is
+    /// [`Invalid`](Self::Invalid): this build has no TLS support, and redis-rs refuses it while
+    /// parsing.)
     #[error("unsupported Redis URL: only redis://host[:port][/db] is supported")]
     UnsupportedScheme,
 }

@@ -63,10 +63,12 @@
 //! State is grouped into [`SHARDS`] shards by the first byte of the subject key, each holding
 //! at most [`RedisConfig::maximum_keys_per_shard`] keys (4,096 by default). A new key for a
 //! full shard is denied with `Denial::StorageCapacity`, with the time until the shard's
-//! earliest expiry; live state is never evicted. Each admission removes at most
-//! [`RedisConfig::expired_removals_per_check`] expired entries per check from the shards it
-//! touches; [`RedisStore::cleanup_expired`] reclaims idle shards. No Redis TTL decides
-//! anything. [`RedisStore::prepare`] refuses a server whose `maxmemory-policy` is not
+//! earliest expiry (when at most 256 stored states must be read to know it; otherwise without
+//! a delay); live state is never evicted. An admission whose new keys may not fit their shard
+//! first removes up to [`RedisConfig::expired_removals_per_check`] expired entries per check
+//! from it (expired entries change no decision except by holding a slot, so an admission with
+//! room cleans nothing); schedule [`RedisStore::cleanup_expired`] to reclaim memory in every
+//! shard. No Redis TTL is set or decides anything. [`RedisStore::prepare`] refuses a server whose `maxmemory-policy` is not
 //! `noeviction` (eviction silently resets limits), and the scripts do not set `allow-oom`,
 //! so a server over `maxmemory` refuses them before they run (not consumed).
 //!

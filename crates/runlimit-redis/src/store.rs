@@ -90,8 +90,8 @@ impl<P: RedisAlgorithm> RedisStore<P, ()> {
     ///
     /// # Errors
     ///
-    /// [`UrlError::Invalid`] for a URL redis-rs cannot parse; [`UrlError::UnsupportedScheme`]
-    /// for `rediss://` (TLS) or a Unix socket.
+    /// [`UrlError::Invalid`] for a URL redis-rs cannot parse, including `rediss://` (this build
+    /// has no TLS support); [`UrlError::UnsupportedScheme`] for a Unix socket.
     pub fn new(url: &str) -> Result<Self, UrlError> {
         let connector = Connector::new(url).map_err(|failure| match failure {
             UrlFailure::Parse(error) => UrlError::Invalid(error),
