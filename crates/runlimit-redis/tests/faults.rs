@@ -491,10 +491,7 @@ fn assert_connect(error: &CheckError) {
 fn assert_connection(error: &CheckError) {
     assert!(matches!(error, CheckError::Connection { .. }), "expected Connection, got {error:?}");
     assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
-    assert_eq!(
-        error.to_string(),
-        "the Redis connection failed after the request was sent"
-    );
+    assert_eq!(error.to_string(), "the Redis connection failed after the request was sent");
 }
 
 #[track_caller]
@@ -679,10 +676,7 @@ fn c_a_reply_slower_than_the_operation_timeout_may_have_consumed() {
         assert!(started.elapsed() >= SHORT);
         assert!(matches!(error, CheckError::Timeout { timeout } if timeout == SHORT), "{error:?}");
         assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
-        assert_eq!(
-            error.to_string(),
-            "timed out after 200ms waiting for Redis after the request was sent"
-        );
+        assert_eq!(error.to_string(), "timed out after 200ms waiting for Redis after the request was sent");
         // The server's reply reached the proxy: the script ran.
         poll("the server's reply", || async { proxy.traffic.received() > replied }).await;
         assert_eq!(keys.stored(FW, &one).await, Some(format!("{deadline}:2")));
