@@ -77,6 +77,66 @@ pub(crate) fn isolate(callback: impl FnOnce()) -> bool {
     }
 }
 
+/// Reports an admission to `observer` through [`notify`]: `result` is the admission's
+/// outcome, or the [`ConsumptionStatus`] of its failure (observed as
+/// [`AdmissionOutcome::Failed`]). An outcome's consumption follows from it: `Consumed` for
+/// [`AdmissionOutcome::Allowed`], `NotConsumed` for every other outcome. `headroom` is the
+/// occupancy of the touched shard with the least headroom, when the backend knows it.
+pub fn observe_admission<O: Observer + ?Sized>(
+    observer: &O,
+    operation: AdmissionOperation<'_>,
+    result: Result<AdmissionOutcome, ConsumptionStatus>,
+    elapsed: Duration,
+    headroom: Option<ShardHeadroom>,
+) {
+    let (outcome, consumption) = match result {
+        Ok(AdmissionOutcome::Allowed) => (AdmissionOutcome::Allowed, ConsumptionStatus::Consumed),
+        Ok(outcome) => (outcome, ConsumptionStatus::NotConsumed),
+        Err(consumption) => (AdmissionOutcome::Failed, consumption),
+    };
+    let mut observation = AdmissionObservation::new(operation, outcome, consumption, elapsed);
+    if let Some(headroom) = headroom {
+        observation = observation.with_shard_headroom(headroom);
+    }
+    notify(observer, &Observation::Admission(observation));
+}
+
+/// Reports an operator's reset of `policy`'s subject through [`notify`]: `result` is whether
+/// live state was removed, or, for a failure, whether state may have been removed anyway.
+pub fn observe_reset<O: Observer + ?Sized, P: RateLimitPolicy + ?Sized>(
+    observer: &O,
+    policy: &P,
+    result: Result<bool, bool>,
+    elapsed: Duration,
+) {
+    let outcome = match result {
+        Ok(true) => ResetOutcome::Removed,
+        Ok(false) => ResetOutcome::NothingStored,
+        Err(true) => ResetOutcome::Unknown,
+        Err(false) => ResetOutcome::NoEffect,
+    };
+    notify(
+        observer,
+        &Observation::Reset(ResetObservation::new(AdmissionPolicy::of(policy), outcome, elapsed)),
+    );
+}
+
+/// Reports a bounded cleanup pass of at most `maximum` entries through [`notify`]: `result` is
+/// the number removed, or, for a failure, whether entries may have been removed anyway.
+pub fn observe_cleanup<O: Observer + ?Sized>(
+    observer: &O,
+    maximum: u64,
+    result: Result<u64, bool>,
+    elapsed: Duration,
+) {
+    let outcome = match result {
+        Ok(count) => CleanupOutcome::Removed { count },
+        Err(true) => CleanupOutcome::Unknown,
+        Err(false) => CleanupOutcome::NoEffect,
+    };
+    notify(observer, &Observation::Cleanup(CleanupObservation::new(outcome, maximum, elapsed)));
+}
+
 /// The [`AdmissionOutcome`] of a single check's decision.
 #[must_use]
 pub fn admission_outcome(decision: &Decision) -> AdmissionOutcome {

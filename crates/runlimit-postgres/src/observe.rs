@@ -4,33 +4,15 @@
 use std::time::Instant;
 
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision,
-    BatchDecisionError, Check, CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Observation,
-    Observer, QuotaMode, RateLimitPolicy, ResetObservation, ResetOutcome,
-    backend::{admission_outcome, batch, batch_admission_outcome, notify},
+    AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, BatchDecisionError, Check,
+    Decision, Observer, QuotaMode, RateLimitPolicy,
+    backend::{
+        admission_outcome, batch, batch_admission_outcome, observe_admission, observe_cleanup, observe_reset,
+    },
 };
 
 use crate::error::{BatchCheckError, CheckError, CheckPhase, MaintenanceError};
 pub(crate) use crate::store::sealed::Evaluated;
-
-fn observe_admission<O: Observer>(
-    observer: &O,
-    operation: AdmissionOperation<'_>,
-    outcome: AdmissionOutcome,
-    consumption: ConsumptionStatus,
-    started: Instant,
-) {
-    let observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
-    notify(observer, &Observation::Admission(observation));
-}
-
-fn consumption(outcome: AdmissionOutcome) -> ConsumptionStatus {
-    if outcome == AdmissionOutcome::Allowed {
-        ConsumptionStatus::Consumed
-    } else {
-        ConsumptionStatus::NotConsumed
-    }
-}
 
 /// Turns a single check's result into its decision and observes it. PostgreSQL storage
 /// denials carry no delay: only cleanup frees a slot.
@@ -50,15 +32,9 @@ pub(crate) fn finish_check<O: Observer, P: RateLimitPolicy>(
         }
         Evaluated::Denied(denial) => Ok(denial.into_check_decision(None)),
     });
-    let (outcome, consumption) = match &result {
-        Ok(decision) => {
-            let outcome = admission_outcome(decision);
-            (outcome, consumption(outcome))
-        }
-        Err(error) => (AdmissionOutcome::Failed, error.consumption()),
-    };
     let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(policy) };
-    observe_admission(observer, operation, outcome, consumption, started);
+    let outcome = result.as_ref().map(admission_outcome).map_err(CheckError::consumption);
+    observe_admission(observer, operation, outcome, started.elapsed(), None);
     result
 }
 
@@ -73,9 +49,9 @@ pub(crate) fn validate<O: Observer, P: RateLimitPolicy>(
         observe_admission(
             observer,
             AdmissionOperation::Batch { size: checks.len(), policy: None },
-            AdmissionOutcome::InvalidBatch,
-            ConsumptionStatus::NotConsumed,
-            started,
+            Ok(AdmissionOutcome::InvalidBatch),
+            started.elapsed(),
+            None,
         );
         BatchCheckError::InvalidBatch(error)
     })
@@ -107,21 +83,19 @@ pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
             .map(|decision| (decision, Some(denial.index())))
             .map_err(malformed),
     });
-    let (policy, outcome, consumption) = match &result {
-        Ok((decision, index)) => {
-            let outcome = batch_admission_outcome(decision);
-            let policy =
-                index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()));
-            (policy, outcome, consumption(outcome))
-        }
-        Err(error) => (None, AdmissionOutcome::Failed, error.consumption()),
+    let (policy, outcome) = match &result {
+        Ok((decision, index)) => (
+            index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy())),
+            Ok(batch_admission_outcome(decision)),
+        ),
+        Err(error) => (None, Err(error.consumption())),
     };
     observe_admission(
         observer,
         AdmissionOperation::Batch { size: batch_size, policy },
         outcome,
-        consumption,
-        started,
+        started.elapsed(),
+        None,
     );
     result.map(|(decision, _)| decision)
 }
@@ -133,14 +107,8 @@ pub(crate) fn finish_reset<O: Observer, P: RateLimitPolicy>(
     result: &Result<bool, MaintenanceError>,
     started: Instant,
 ) {
-    let outcome = match result {
-        Ok(true) => ResetOutcome::Removed,
-        Ok(false) => ResetOutcome::NothingStored,
-        Err(error) if error.may_have_removed_rows() => ResetOutcome::Unknown,
-        Err(_) => ResetOutcome::NoEffect,
-    };
-    let observation = ResetObservation::new(AdmissionPolicy::of(policy), outcome, started.elapsed());
-    notify(observer, &Observation::Reset(observation));
+    let result = result.as_ref().copied().map_err(MaintenanceError::may_have_removed_rows);
+    observe_reset(observer, policy, result, started.elapsed());
 }
 
 /// Observes a cleanup pass's result.
@@ -150,12 +118,7 @@ pub(crate) fn finish_cleanup<O: Observer>(
     result: Result<u64, MaintenanceError>,
     started: Instant,
 ) -> Result<u64, MaintenanceError> {
-    let outcome = match &result {
-        Ok(count) => CleanupOutcome::Removed { count: *count },
-        Err(error) if error.may_have_removed_rows() => CleanupOutcome::Unknown,
-        Err(_) => CleanupOutcome::NoEffect,
-    };
-    let observation = CleanupObservation::new(outcome, u64::from(maximum_rows), started.elapsed());
-    notify(observer, &Observation::Cleanup(observation));
+    let outcome = result.as_ref().copied().map_err(MaintenanceError::may_have_removed_rows);
+    observe_cleanup(observer, u64::from(maximum_rows), outcome, started.elapsed());
     result
 }

@@ -3,39 +3,17 @@
 use std::time::Instant;
 
 use runlimit_core::{
-    AdmissionObservation, AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check,
-    CleanupObservation, CleanupOutcome, ConsumptionStatus, Decision, Observation, Observer, QuotaMode,
-    RateLimitPolicy, ResetObservation, ResetOutcome,
-    backend::{ShardHeadroom, admission_outcome, batch, batch_admission_outcome, notify},
+    AdmissionOperation, AdmissionOutcome, AdmissionPolicy, BatchDecision, Check, ConsumptionStatus, Decision,
+    Observer, QuotaMode, RateLimitPolicy,
+    backend::{
+        admission_outcome, batch, batch_admission_outcome, observe_admission, observe_cleanup, observe_reset,
+    },
 };
 
 use crate::{
     error::{BatchCheckError, CheckError, MaintenanceError},
     store::{Admission, Evaluated},
 };
-
-fn observe_admission<O: Observer>(
-    observer: &O,
-    operation: AdmissionOperation<'_>,
-    outcome: AdmissionOutcome,
-    consumption: ConsumptionStatus,
-    headroom: Option<ShardHeadroom>,
-    started: Instant,
-) {
-    let mut observation = AdmissionObservation::new(operation, outcome, consumption, started.elapsed());
-    if let Some(headroom) = headroom {
-        observation = observation.with_shard_headroom(headroom);
-    }
-    notify(observer, &Observation::Admission(observation));
-}
-
-fn consumption(outcome: AdmissionOutcome) -> ConsumptionStatus {
-    if outcome == AdmissionOutcome::Allowed {
-        ConsumptionStatus::Consumed
-    } else {
-        ConsumptionStatus::NotConsumed
-    }
-}
 
 fn malformed(written: bool) -> CheckError {
     CheckError::MalformedReply {
@@ -69,15 +47,9 @@ pub(crate) fn finish_check<O: Observer, P: RateLimitPolicy>(
             }
         }
     });
-    let (outcome, consumption) = match &result {
-        Ok(decision) => {
-            let outcome = admission_outcome(decision);
-            (outcome, consumption(outcome))
-        }
-        Err(error) => (AdmissionOutcome::Failed, error.consumption()),
-    };
     let operation = AdmissionOperation::Check { policy: AdmissionPolicy::of(policy) };
-    observe_admission(observer, operation, outcome, consumption, headroom, started);
+    let outcome = result.as_ref().map(admission_outcome).map_err(CheckError::consumption);
+    observe_admission(observer, operation, outcome, started.elapsed(), headroom);
     result
 }
 
@@ -99,10 +71,9 @@ pub(crate) fn structural<O: Observer>(observer: &O, size: usize, started: Instan
     observe_admission(
         observer,
         AdmissionOperation::Batch { size, policy: None },
-        AdmissionOutcome::InvalidBatch,
-        ConsumptionStatus::NotConsumed,
+        Ok(AdmissionOutcome::InvalidBatch),
+        started.elapsed(),
         None,
-        started,
     );
 }
 
@@ -128,23 +99,15 @@ pub(crate) fn finish_batch<O: Observer, P: RateLimitPolicy>(
                 .map_err(|_| BatchCheckError::Check(malformed(false))),
         }
     });
-    let (policy, outcome, consumption) = match &result {
-        Ok((decision, index)) => {
-            let outcome = batch_admission_outcome(decision);
-            let policy =
-                index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy()));
-            (policy, outcome, consumption(outcome))
-        }
-        Err(error) => (None, AdmissionOutcome::Failed, error.consumption()),
+    let (policy, outcome) = match &result {
+        Ok((decision, index)) => (
+            index.and_then(|index| checks.get(index)).map(|check| AdmissionPolicy::of(check.policy())),
+            Ok(batch_admission_outcome(decision)),
+        ),
+        Err(error) => (None, Err(error.consumption())),
     };
-    observe_admission(
-        observer,
-        AdmissionOperation::Batch { size: batch_size, policy },
-        outcome,
-        consumption,
-        headroom,
-        started,
-    );
+    let operation = AdmissionOperation::Batch { size: batch_size, policy };
+    observe_admission(observer, operation, outcome, started.elapsed(), headroom);
     result.map(|(decision, _)| decision)
 }
 
@@ -155,16 +118,8 @@ pub(crate) fn finish_reset<O: Observer, P: RateLimitPolicy>(
     result: &Result<bool, MaintenanceError>,
     started: Instant,
 ) {
-    let outcome = match result {
-        Ok(true) => ResetOutcome::Removed,
-        Ok(false) => ResetOutcome::NothingStored,
-        Err(error) if error.may_have_removed_entries() => ResetOutcome::Unknown,
-        Err(_) => ResetOutcome::NoEffect,
-    };
-    notify(
-        observer,
-        &Observation::Reset(ResetObservation::new(AdmissionPolicy::of(policy), outcome, started.elapsed())),
-    );
+    let result = result.as_ref().copied().map_err(MaintenanceError::may_have_removed_entries);
+    observe_reset(observer, policy, result, started.elapsed());
 }
 
 /// Observes a cleanup pass.
@@ -174,14 +129,7 @@ pub(crate) fn finish_cleanup<O: Observer>(
     result: Result<u64, MaintenanceError>,
     started: Instant,
 ) -> Result<u64, MaintenanceError> {
-    let outcome = match &result {
-        Ok(count) => CleanupOutcome::Removed { count: *count },
-        Err(error) if error.may_have_removed_entries() => CleanupOutcome::Unknown,
-        Err(_) => CleanupOutcome::NoEffect,
-    };
-    notify(
-        observer,
-        &Observation::Cleanup(CleanupObservation::new(outcome, u64::from(maximum), started.elapsed())),
-    );
+    let outcome = result.as_ref().copied().map_err(MaintenanceError::may_have_removed_entries);
+    observe_cleanup(observer, u64::from(maximum), outcome, started.elapsed());
     result
 }

@@ -38,7 +38,9 @@ pub mod gcra;
 
 use crate::attempts::{AttemptObservation, AttemptObserver};
 
-pub use crate::observe::{admission_outcome, batch_admission_outcome, notify};
+pub use crate::observe::{
+    admission_outcome, batch_admission_outcome, notify, observe_admission, observe_cleanup, observe_reset,
+};
 
 /// Delivers an attempt `observation` to `observer`, catching a panic so telemetry can never
 /// change an attempt result. Returns `false` when the observer panicked.
