@@ -87,6 +87,18 @@ pub struct PostgresConfig {
     pool_acquire_timeout: Duration,
     operation_timeout: Duration,
     maximum_rows_per_shard: u32,
+    protocol: Protocol,
+}
+
+/// How admissions talk to PostgreSQL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) enum Protocol {
+    /// Calls to the admission functions the latest migrations install, whose plans PostgreSQL
+    /// keeps per connection.
+    #[default]
+    Functions,
+    /// The simple-query statements of earlier releases, rendered and planned per admission.
+    Statements,
 }
 
 impl Default for PostgresConfig {
@@ -96,6 +108,7 @@ impl Default for PostgresConfig {
             pool_acquire_timeout: Duration::from_secs(1),
             operation_timeout: Duration::from_secs(2),
             maximum_rows_per_shard: 4_096,
+            protocol: Protocol::Functions,
         }
     }
 }
@@ -167,6 +180,22 @@ impl PostgresConfig {
     pub fn with_maximum_rows_per_shard(mut self, rows: u32) -> Result<Self, ConfigError> {
         self.maximum_rows_per_shard = validate_rows(u64::from(rows))?;
         Ok(self)
+    }
+
+    /// Sends admissions (checks and batches) as the statements earlier releases send instead
+    /// of calls to the admission functions, for testing that replicas of both releases
+    /// interoperate on one database. Not part of the supported API: it may change or go away
+    /// in any release, and it is not serialized.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_previous_admission_protocol(mut self) -> Self {
+        self.protocol = Protocol::Statements;
+        self
+    }
+
+    /// How admissions talk to PostgreSQL.
+    pub(crate) const fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// How long to wait for a pooled connection.
@@ -242,6 +271,7 @@ mod serde_impls {
                     .map_err(D::Error::custom)?,
                 maximum_rows_per_shard: validate_rows(repr.maximum_rows_per_shard)
                     .map_err(D::Error::custom)?,
+                protocol: Protocol::Functions,
             })
         }
     }

@@ -74,6 +74,32 @@ pub(crate) fn push_bytea(out: &mut String, bytes: &[u8]) {
     out.push_str("', 'hex')");
 }
 
+/// The counter keys as one text argument of the admission functions: the lowercase
+/// hexadecimal digits of every key's 64 bytes, concatenated in order.
+pub(crate) fn hex_keys(keys: &[[u8; 64]]) -> String {
+    let mut out = String::with_capacity(keys.len() * 128);
+    for key in keys {
+        push_hex(&mut out, key);
+    }
+    out
+}
+
+/// `'{v₁,v₂,..}'`, the text of an array literal of integers or booleans, for a call argument
+/// cast to its array type (`'{1,-2}'::bigint[]`).
+pub(crate) fn array_literal<T: std::fmt::Display>(values: impl IntoIterator<Item = T>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("'{");
+    for (index, value) in values.into_iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        // Writing to a `String` cannot fail.
+        let _ = write!(out, "{value}");
+    }
+    out.push_str("}'");
+    out
+}
+
 /// `(1, key₁), (2, key₂), ..`: the rows of a `VALUES` list of `(ordinal, counter_key)`, keys
 /// rendered with [`push_bytea`].
 pub(crate) fn ordinal_keys(keys: &[[u8; 64]]) -> String {
@@ -158,6 +184,25 @@ pub(crate) fn malformed(phase: CheckPhase) -> impl Fn(&'static str) -> CheckErro
     move |reason| CheckError::MalformedResponse { phase, reason }
 }
 
+/// The array column `name` of `row`: one element per check (`expected` of them), each null
+/// when the check's key has no row; otherwise a malformed response of `phase`.
+pub(crate) fn per_check_array<T>(
+    row: &PgRow,
+    name: &str,
+    expected: usize,
+    phase: CheckPhase,
+) -> Result<Vec<Option<T>>, CheckError>
+where
+    Vec<Option<T>>: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    let values: Vec<Option<T>> = column(row, name, phase)?;
+    if values.len() == expected {
+        Ok(values)
+    } else {
+        Err(CheckError::MalformedResponse { phase, reason: "array length differs from the checks" })
+    }
+}
+
 /// Column `name` of `row`, or a malformed response of `phase`.
 pub(crate) fn column<T>(row: &PgRow, name: &str, phase: CheckPhase) -> Result<T, CheckError>
 where
@@ -223,6 +268,10 @@ mod tests {
         assert!(values.starts_with("(1, pg_catalog.decode('ab00"), "{values}");
         assert!(values.contains("0001', 'hex')), (2, pg_catalog.decode('0000"), "{values}");
         assert_eq!(begin().matches(';').count(), BEGIN_STATEMENTS);
+        assert_eq!(hex_keys(&[key, [0x10; 64]]), format!("ab{}01{}", "00".repeat(62), "10".repeat(64)));
+        assert_eq!(array_literal([-5i64, 7]), "'{-5,7}'");
+        assert_eq!(array_literal([true, false]), "'{true,false}'");
+        assert_eq!(array_literal(Vec::<i16>::new()), "'{}'");
         assert!(settings(7).contains("pg_catalog.set_config('statement_timeout', '7', true)"));
         assert!(settings(7).contains("pg_catalog.set_config('lock_timeout', '7', true)"));
         assert!(settings(7).contains("pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)"));

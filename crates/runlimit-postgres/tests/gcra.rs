@@ -565,7 +565,15 @@ async fn migrations_upgrade_and_share_the_history() {
         .unwrap();
     assert_eq!(
         versions,
-        [20_250_601_000_001, 20_250_601_000_002, 20_250_601_000_003, 20_250_701_000_001, 20_250_701_000_002]
+        [
+            20_250_601_000_001,
+            20_250_601_000_002,
+            20_250_601_000_003,
+            20_250_601_000_004,
+            20_250_701_000_001,
+            20_250_701_000_002,
+            20_250_701_000_003
+        ]
     );
     assert!(CREATE_RUNLIMIT_GCRA_SQL.contains("CREATE TABLE public.runlimit_gcra ("));
     let policy = gcra_policy_for_migrations();

@@ -26,10 +26,21 @@ pub const SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL: &str =
 pub const BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL: &str =
     include_str!("../../migrations/20250601000003_bound_runlimit_fixed_window_cardinality.sql");
 
+/// Migration `20250601000004_add_runlimit_fixed_window_admission_functions`: the PL/pgSQL
+/// functions admissions call, `public.runlimit_fixed_window_lock`, `_preflight`, `_reserve`
+/// and `_write` (each `SECURITY INVOKER`, with `search_path` pinned to `pg_catalog, pg_temp`),
+/// so PostgreSQL plans their statements once per connection. Additive: it changes no table, and
+/// replicas still sending the statements of earlier releases keep working beside replicas that
+/// call the functions. Vendor it after [`BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL`].
+pub const ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL: &str =
+    include_str!("../../migrations/20250601000004_add_runlimit_fixed_window_admission_functions.sql");
+
 /// The versions of the bundled migrations, in order: `20250601000001`, `20250601000002`,
-/// `20250601000003`. Runlimit's fixed-window stream owns these versions in a shared
-/// `_sqlx_migrations` history; host migrations must not reuse them.
-pub const MIGRATION_VERSIONS: [i64; 3] = [20_250_601_000_001, 20_250_601_000_002, 20_250_601_000_003];
+/// `20250601000003`, `20250601000004`. Runlimit's fixed-window stream owns the versions
+/// `20250601000001` to `20250601999999` in a shared `_sqlx_migrations` history; host migrations
+/// must not reuse them.
+pub const MIGRATION_VERSIONS: [i64; 4] =
+    [20_250_601_000_001, 20_250_601_000_002, 20_250_601_000_003, 20_250_601_000_004];
 
 /// The bundled migrations with SQLx's strict defaults: it fails with `VersionMissing` when
 /// `_sqlx_migrations` records a version it does not know.
@@ -49,7 +60,7 @@ mod tests {
     #[test]
     fn constants_are_the_migrator_sources() {
         let migrations: Vec<_> = MIGRATOR.iter().collect();
-        assert_eq!(migrations.len(), 3);
+        assert_eq!(migrations.len(), 4);
         let expected = [
             (MIGRATION_VERSIONS[0], "create runlimit fixed windows", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),
             (
@@ -62,6 +73,11 @@ mod tests {
                 "bound runlimit fixed window cardinality",
                 BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL,
             ),
+            (
+                MIGRATION_VERSIONS[3],
+                "add runlimit fixed window admission functions",
+                ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL,
+            ),
         ];
         for (migration, (version, description, sql)) in migrations.into_iter().zip(expected) {
             assert_eq!(migration.version, version);
@@ -71,6 +87,6 @@ mod tests {
         }
         assert!(!MIGRATOR.ignore_missing);
         assert!(crate::migrations::shared_history(&MIGRATOR).ignore_missing);
-        assert_eq!(crate::migrations::shared_history(&MIGRATOR).iter().count(), 3);
+        assert_eq!(crate::migrations::shared_history(&MIGRATOR).iter().count(), 4);
     }
 }

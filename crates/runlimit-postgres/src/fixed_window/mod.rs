@@ -10,6 +10,7 @@
 //! anchored at the microsecond, are rounded, and never end early). A new window is anchored at
 //! the truncated sample, stored as its microsecond count.
 
+mod calls;
 pub(crate) mod migrations;
 mod sql;
 
@@ -26,7 +27,7 @@ use sqlx::{PgConnection, PgPool, migrate::Migrator};
 use tokio::time::Instant as Deadline;
 
 use crate::{
-    config::PostgresConfig,
+    config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
@@ -263,6 +264,123 @@ async fn evaluate(
     Ok((plan, now_us.div_euclid(1_000) * 1_000))
 }
 
+/// Pairs the per-check `used` and `expires_us` arrays of the preflight call.
+fn stored_counters(
+    used: Vec<Option<i64>>,
+    expires_us: Vec<Option<i64>>,
+) -> Result<Vec<Option<StoredCounter>>, CheckError> {
+    used.into_iter()
+        .zip(expires_us)
+        .map(|pair| match pair {
+            (Some(used), Some(expires_us)) => Ok(Some(StoredCounter { used, expires_us })),
+            (None, None) => Ok(None),
+            _ => Err(malformed(CheckPhase::Preflight)("a counter without its window end")),
+        })
+        .collect()
+}
+
+/// [`evaluate`] through the admission functions (see [`calls`]): begin, lock and preflight in
+/// one round trip, the reserve call in a second when a key has no row, then the decision.
+async fn evaluate_calls(
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    keys: &[[u8; 64]],
+    specs: &[Spec],
+    mode: QuotaMode,
+) -> Result<(Plan<Write>, i64), CheckError> {
+    let timeout = config.operation_timeout();
+    let mut lock_ids: Vec<i64> = keys.iter().map(lock_id).collect();
+    lock_ids.sort_unstable();
+    lock_ids.dedup();
+
+    let mut sql = script::begin().to_owned();
+    sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids));
+    sql.push_str(&calls::preflight(keys));
+    let lock_statement = script::BEGIN_STATEMENTS;
+    let mut phases = vec![CheckPhase::Begin; lock_statement];
+    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
+    let output = script::run(connection, sql, deadline)
+        .await
+        .map_err(|error| check_failure(error, &phases, timeout))?;
+    if output.affected.len() != phases.len() {
+        return Err(CheckError::MalformedResponse {
+            phase: CheckPhase::Preflight,
+            reason: "statement count differs",
+        });
+    }
+    if output.only_row(lock_statement).is_none() {
+        return Err(CheckError::MalformedResponse {
+            phase: CheckPhase::Lock,
+            reason: "expected one lock row",
+        });
+    }
+    let phase = CheckPhase::Preflight;
+    let row = output
+        .only_row(lock_statement + 1)
+        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one preflight row" })?;
+    let stored = stored_counters(
+        script::per_check_array(row, "used", keys.len(), phase)?,
+        script::per_check_array(row, "expires_us", keys.len(), phase)?,
+    )?;
+    let mut now_us: i64 = column(row, "now_us", phase)?;
+
+    let mut missing_shards: Vec<i16> = specs
+        .iter()
+        .zip(&stored)
+        .filter(|(_, counter)| counter.is_none())
+        .map(|(spec, _)| i16::from(spec.shard))
+        .collect();
+    missing_shards.sort_unstable();
+    missing_shards.dedup();
+    let mut ledger = [None; 256];
+    let mut phase = CheckPhase::Preflight;
+    if !missing_shards.is_empty() {
+        phase = CheckPhase::Reserve;
+        let output = script::run(connection, calls::reserve(&missing_shards), deadline)
+            .await
+            .map_err(|error| check_failure(error, &[CheckPhase::Reserve], timeout))?;
+        let row = output
+            .only_row(0)
+            .ok_or(CheckError::MalformedResponse { phase, reason: "expected one reserve row" })?;
+        let counts: Vec<Option<i32>> =
+            script::per_check_array(row, "row_counts", missing_shards.len(), phase)?;
+        for (shard, count) in missing_shards.iter().zip(counts) {
+            let Some(count) = count else { continue };
+            let count = u32::try_from(count).map_err(|_| malformed(phase)("negative ledger row count"))?;
+            // `shard` came from a `u8`, so it indexes the ledger.
+            ledger[usize::from(shard.unsigned_abs())] = Some(i64::from(count));
+        }
+        now_us = column(row, "now_us", phase)?;
+    }
+    let plan = decide(specs, &stored, now_us, &ledger, config.maximum_rows_per_shard(), mode)
+        .map_err(malformed(phase))?;
+    Ok((plan, now_us.div_euclid(1_000) * 1_000))
+}
+
+/// The write call of an allowed batch anchored at `anchor_us`: one statement whatever the
+/// batch size.
+fn render_call_writes(
+    keys: &[[u8; 64]],
+    specs: &[Spec],
+    writes: &[Write],
+    anchor_us: i64,
+) -> (String, usize) {
+    let rows: Vec<(calls::WriteKind, u64, u64)> = specs
+        .iter()
+        .zip(writes)
+        .map(|(spec, write)| {
+            let kind = match write {
+                Write::Increment => calls::WriteKind::Increment,
+                Write::Renew => calls::WriteKind::Renew,
+                Write::Insert => calls::WriteKind::Insert,
+            };
+            (kind, spec.cost, spec.parameters.window().as_millis())
+        })
+        .collect();
+    (calls::write(keys, &rows, anchor_us), 1)
+}
+
 /// The write statements of an allowed batch anchored at `anchor_us`: at most one `UPDATE` and
 /// one `INSERT` whatever the batch size, each verifying its own row count.
 fn render_writes(keys: &[[u8; 64]], specs: &[Spec], writes: &[Write], anchor_us: i64) -> (String, usize) {
@@ -313,11 +431,19 @@ impl Algorithm for FixedWindowPolicy {
                 shard: shard_of(key),
             })
             .collect();
-        let (plan, anchor_us) = match evaluate(connection, deadline, config, &keys, &specs, mode).await {
+        let protocol = config.protocol();
+        let evaluated = match protocol {
+            Protocol::Functions => evaluate_calls(connection, deadline, config, &keys, &specs, mode).await,
+            Protocol::Statements => evaluate(connection, deadline, config, &keys, &specs, mode).await,
+        };
+        let (plan, anchor_us) = match evaluated {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let ending = plan.ending(|writes| render_writes(&keys, &specs, writes, anchor_us));
+        let ending = plan.ending(|writes| match protocol {
+            Protocol::Functions => render_call_writes(&keys, &specs, writes, anchor_us),
+            Protocol::Statements => render_writes(&keys, &specs, writes, anchor_us),
+        });
         transaction::end(connection, deadline, config.operation_timeout(), ending).await
     }
 

@@ -7,6 +7,7 @@
 //! 1000)` (exact, since PostgreSQL 14 returns `numeric`), sampled after the shard locks and
 //! clamped to the committed watermarks of the locked shards.
 
+mod calls;
 pub(crate) mod migrations;
 mod sql;
 
@@ -22,7 +23,7 @@ use sqlx::{PgConnection, PgPool, Row, migrate::Migrator};
 use tokio::time::Instant as Deadline;
 
 use crate::{
-    config::PostgresConfig,
+    config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
@@ -237,6 +238,73 @@ async fn evaluate(
     Ok((plan, now_ms))
 }
 
+/// [`evaluate`] through the admission functions (see [`calls`]): begin, lock and read in one
+/// round trip, then the decision.
+async fn evaluate_calls(
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    keys: &[[u8; 64]],
+    specs: &[GcraSpec],
+    shards: &[i16],
+    mode: QuotaMode,
+) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+    let mut sql = script::begin().to_owned();
+    sql.push_str(&calls::lock(config.server_timeout_millis(), shards));
+    sql.push_str(&calls::read(keys));
+    let lock_statement = script::BEGIN_STATEMENTS;
+    let mut phases = vec![CheckPhase::Begin; lock_statement];
+    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
+    let output = script::run(connection, sql, deadline)
+        .await
+        .map_err(|error| check_failure(error, &phases, config.operation_timeout()))?;
+    if output.affected.len() != phases.len() {
+        return Err(CheckError::MalformedResponse {
+            phase: CheckPhase::Preflight,
+            reason: "statement count differs",
+        });
+    }
+    let phase = CheckPhase::Lock;
+    let row = output
+        .only_row(lock_statement)
+        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one lock row" })?;
+    let row_counts: Vec<Option<i32>> = script::per_check_array(row, "row_counts", shards.len(), phase)?;
+    let watermarks: Vec<Option<i64>> = script::per_check_array(row, "watermarks_ms", shards.len(), phase)?;
+    let mut ledger = [None; 256];
+    for ((shard, row_count), watermark_ms) in shards.iter().zip(row_counts).zip(watermarks) {
+        match (row_count, watermark_ms) {
+            (Some(row_count), Some(watermark_ms)) => {
+                // `shard` came from a `u8`, so it indexes the ledger.
+                ledger[usize::from(shard.unsigned_abs())] =
+                    Some(LedgerRow { row_count: i64::from(row_count), watermark_ms });
+            }
+            (None, None) => return Err(malformed(phase)("ledger rows do not match the requested shards")),
+            _ => return Err(malformed(phase)("a ledger row without its watermark")),
+        }
+    }
+    let phase = CheckPhase::Preflight;
+    let row = output
+        .only_row(lock_statement + 1)
+        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one read row" })?;
+    let tat_ms: Vec<Option<i64>> = script::per_check_array(row, "tat_ms", keys.len(), phase)?;
+    let remainders: Vec<Option<i64>> = script::per_check_array(row, "tat_remainder", keys.len(), phase)?;
+    let stored = tat_ms
+        .into_iter()
+        .zip(remainders)
+        .map(|pair| match pair {
+            (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
+            (None, None) => Ok(None),
+            _ => Err(malformed(phase)("an arrival time without its remainder")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let clock_ms: i64 = column(row, "now_ms", phase)?;
+    let bad = malformed(phase);
+    let now_ms =
+        effective_now(clock_ms, ledger.iter().flatten().map(|row| row.watermark_ms)).map_err(&bad)?;
+    let plan = decide(specs, &stored, now_ms, &ledger, config.maximum_rows_per_shard(), mode).map_err(bad)?;
+    Ok((plan, now_ms))
+}
+
 /// The GCRA v1 protocol (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
 #[expect(private_interfaces, reason = "the sealed half of `PostgresAlgorithm`: only this crate calls it")]
 impl Algorithm for GcraPolicy {
@@ -267,12 +335,23 @@ impl Algorithm for GcraPolicy {
         let mut shards: Vec<i16> = specs.iter().map(|spec| i16::from(spec.shard)).collect();
         shards.sort_unstable();
         shards.dedup();
-        let (plan, now_ms) = match evaluate(connection, deadline, config, &keys, &specs, &shards, mode).await
-        {
+        let protocol = config.protocol();
+        let evaluated = match protocol {
+            Protocol::Functions => {
+                evaluate_calls(connection, deadline, config, &keys, &specs, &shards, mode).await
+            }
+            Protocol::Statements => {
+                evaluate(connection, deadline, config, &keys, &specs, &shards, mode).await
+            }
+        };
+        let (plan, now_ms) = match evaluated {
             Ok(evaluated) => evaluated,
             Err(error) => return (Err(error), false),
         };
-        let ending = plan.ending(|writes| (sql::write(&keys, writes, &shards, now_ms), 1));
+        let ending = plan.ending(|writes| match protocol {
+            Protocol::Functions => (calls::write(&keys, writes, &shards, now_ms), 1),
+            Protocol::Statements => (sql::write(&keys, writes, &shards, now_ms), 1),
+        });
         transaction::end(connection, deadline, config.operation_timeout(), ending).await
     }
 

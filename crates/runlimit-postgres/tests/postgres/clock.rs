@@ -10,6 +10,10 @@
 //! else is relayed byte for byte. A limiter on a pool built from [`PinnedClock::options`]
 //! therefore decides at the pinned instant, which moves only with [`PinnedClock::advance`];
 //! connections made directly to the server (migrations, assertions) still see the real clock.
+//! The clock calls inside Runlimit's admission functions never cross the wire, so `install`
+//! also redefines, in the test database only, every `public.runlimit_*` function whose body
+//! calls `pg_catalog.clock_timestamp()` with that call replaced by the pinned one: migrate every
+//! stream the test uses before installing the clock.
 //!
 //! The rewrite replaces a function call that PostgreSQL evaluates at execution time, so a
 //! statement SQLx prepared and cached before an `advance` reads the new instant when it runs
@@ -58,7 +62,27 @@ INSERT INTO public.runlimit_test_clock (pinned)
     VALUES (pg_catalog.date_trunc('second', pg_catalog.clock_timestamp() + INTERVAL '{lead}'));
 CREATE FUNCTION public.runlimit_test_clock() RETURNS timestamp with time zone
     LANGUAGE sql VOLATILE PARALLEL UNSAFE
-    AS $$ SELECT c.pinned FROM public.runlimit_test_clock AS c $$;";
+    AS $$ SELECT c.pinned FROM public.runlimit_test_clock AS c $$;
+DO $install$
+DECLARE
+    f oid;
+BEGIN
+    FOR f IN
+        SELECT p.oid
+        FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public'
+          AND p.proname LIKE 'runlimit%'
+          AND p.prosrc LIKE '%pg_catalog.clock_timestamp()%'
+    LOOP
+        EXECUTE pg_catalog.replace(
+            pg_catalog.pg_get_functiondef(f),
+            'pg_catalog.clock_timestamp()',
+            'public.runlimit_test_clock()'
+        );
+    END LOOP;
+END
+$install$;";
 
 /// The pinned instant in whole milliseconds since the Unix epoch.
 const READ_MS: &str =

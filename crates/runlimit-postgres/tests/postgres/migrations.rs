@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use runlimit_postgres::{
-    BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL, CREATE_RUNLIMIT_FIXED_WINDOWS_SQL, MIGRATION_VERSIONS,
-    MIGRATOR, MigrationError, PostgresLimiter, SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
+    ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL, BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL,
+    CREATE_RUNLIMIT_FIXED_WINDOWS_SQL, MIGRATION_VERSIONS, MIGRATOR, MigrationError, PostgresLimiter,
+    SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
 };
 use sqlx::{
     PgConnection, SqlSafeStr,
@@ -173,7 +174,7 @@ async fn a_host_application_shares_the_migration_history() {
     let mut connection = db.connection().await;
     let history: i64 =
         sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(&mut connection).await.unwrap();
-    assert_eq!(history, 5);
+    assert_eq!(history, 2 + MIGRATION_VERSIONS.len() as i64);
     let policy = policy("migrations.shared", 2, Duration::from_secs(60));
     assert!(limiter.check(&check(&policy, subject(1, 1))).await.unwrap().permits_request());
     db.finish().await;
@@ -189,6 +190,11 @@ async fn a_strict_host_can_vendor_the_exported_sql() {
         host_migration(100, "runlimit create", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),
         host_migration(101, "runlimit fillfactor", SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL),
         host_migration(102, "runlimit cardinality", BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL),
+        host_migration(
+            103,
+            "runlimit admission functions",
+            ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL,
+        ),
     ]);
     host.run(&mut connection).await.unwrap();
     host.run(&mut connection).await.unwrap();

@@ -1,0 +1,112 @@
+//! The fixed-window admission protocol: calls to the functions of migration
+//! `20250601000004_add_runlimit_fixed_window_admission_functions`, sent through
+//! [`crate::script::run`] as simple-query round trips.
+//!
+//! # Two round trips per admission
+//!
+//! An allowed admission is two round trips and five statements whatever the batch size:
+//!
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
+//!    `SELECT public.runlimit_fixed_window_lock(..)` (the transaction-local `statement_timeout`
+//!    and `lock_timeout`, then every advisory lock in ascending order) and
+//!    `SELECT * FROM public.runlimit_fixed_window_preflight(..)` (the stored counters,
+//!    row-locked, and the clock sample taken after those row locks);
+//! 2. `SELECT public.runlimit_fixed_window_write(..)` (every update and insert of the batch,
+//!    verifying its own row counts), then `COMMIT` (or just `ROLLBACK` after a denial).
+//!
+//! A key without a row adds one round trip between them:
+//! `SELECT * FROM public.runlimit_fixed_window_reserve(..)` (the capacity ledger rows, locked,
+//! and a new clock sample taken after those locks).
+//!
+//! PL/pgSQL plans the statements inside the functions once per connection and keeps the plans;
+//! what PostgreSQL parses and plans per admission is only the call statements, a function name
+//! and literal arguments. The lock and preflight calls stay separate statements, each with its
+//! own `READ COMMITTED` snapshot, so a failure names its phase by the number of statements that
+//! completed, as in the statement protocol of earlier releases (`super::sql`), which takes the
+//! same locks in the same order and writes the same rows.
+//!
+//! Arguments are rendered as the functions' exact types: integers and booleans in array
+//! literals cast with SQL keywords (`'{1,2}'::bigint[]`), counter keys as hexadecimal digits
+//! cast to `pg_catalog.text`; every function name is schema-qualified. Nothing in a call
+//! resolves through `search_path`, no value is caller-supplied text, and no literal contains a
+//! backslash, so `standard_conforming_strings` does not matter.
+
+use crate::script::{array_literal, hex_keys};
+
+/// `SELECT public.runlimit_fixed_window_lock(..)`: the timeouts (`timeout_ms` milliseconds),
+/// then the advisory locks of `lock_ids` in the given (ascending) order. One row.
+pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
+    format!(
+        "SELECT public.runlimit_fixed_window_lock({timeout_ms}::bigint, {}::bigint[]);\n",
+        array_literal(lock_ids)
+    )
+}
+
+/// `SELECT * FROM public.runlimit_fixed_window_preflight(..)` of `keys`: one row, `used` and
+/// `expires_us` with one element per key (null without a row) and the clock sample `now_us`.
+pub(crate) fn preflight(keys: &[[u8; 64]]) -> String {
+    format!("SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text);\n", hex_keys(keys))
+}
+
+/// `SELECT * FROM public.runlimit_fixed_window_reserve(..)` of `shards` (ascending): one row,
+/// `row_counts` with one element per shard and the clock sample `now_us`.
+pub(crate) fn reserve(shards: &[i16]) -> String {
+    format!("SELECT * FROM public.runlimit_fixed_window_reserve({}::smallint[]);\n", array_literal(shards))
+}
+
+/// What the write function does with one key: its code in `writes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteKind {
+    /// Add the cost to the stored counter (0).
+    Increment = 0,
+    /// Re-anchor the stored counter at the sample (1).
+    Renew = 1,
+    /// Insert a new counter anchored at the sample (2).
+    Insert = 2,
+}
+
+/// `SELECT public.runlimit_fixed_window_write(..)`: per key `(kind, cost, window_ms)`, anchored
+/// at `now_us`. The evaluator admitted each cost, so `used + cost` stays within the limit.
+pub(crate) fn write(keys: &[[u8; 64]], writes: &[(WriteKind, u64, u64)], now_us: i64) -> String {
+    format!(
+        "SELECT public.runlimit_fixed_window_write({now_us}::bigint, '{}'::pg_catalog.text, \
+         {}::smallint[], {}::bigint[], {}::bigint[]);\n",
+        hex_keys(keys),
+        array_literal(writes.iter().map(|(kind, _, _)| *kind as i16)),
+        array_literal(writes.iter().map(|(_, cost, _)| cost)),
+        array_literal(writes.iter().map(|(_, _, window_ms)| window_ms)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_calls_of_exact_types() {
+        let key = [0xAB; 64];
+        assert_eq!(
+            lock(1_500, &[-5, 7]),
+            "SELECT public.runlimit_fixed_window_lock(1500::bigint, '{-5,7}'::bigint[]);\n"
+        );
+        assert_eq!(
+            preflight(&[key]),
+            format!(
+                "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text);\n",
+                "ab".repeat(64)
+            )
+        );
+        assert_eq!(
+            reserve(&[0, 255]),
+            "SELECT * FROM public.runlimit_fixed_window_reserve('{0,255}'::smallint[]);\n"
+        );
+        assert_eq!(
+            write(&[key, key], &[(WriteKind::Increment, 3, 60_000), (WriteKind::Insert, 1, 5)], -17),
+            format!(
+                "SELECT public.runlimit_fixed_window_write(-17::bigint, '{}'::pg_catalog.text, \
+                 '{{0,2}}'::smallint[], '{{3,1}}'::bigint[], '{{60000,5}}'::bigint[]);\n",
+                "ab".repeat(128)
+            )
+        );
+    }
+}
