@@ -1,5 +1,5 @@
-//! Throughput of `PostgresLimiter` against a plain autocommitted upsert, on the same server in
-//! the same run.
+//! Throughput and server CPU per request of `PostgresLimiter` and `PostgresGcraLimiter`
+//! against two reference transactions, on the same server in the same run.
 //!
 //! ```text
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
@@ -14,14 +14,25 @@
 //!
 //! - `baseline`: one autocommitted `INSERT .. ON CONFLICT DO UPDATE SET used = used + 1` of a
 //!   counter row per request (one round trip, one commit);
+//! - `floor`: the protocol's floor, `BEGIN; UPDATE` of one stored counter row (one simple-query
+//!   round trip), then `COMMIT` (a second): the cheapest transaction in which the client reads
+//!   the database's answer before it decides to commit;
 //! - `single`: `PostgresLimiter::check` of one key (always allowed);
 //! - `batch2`: `PostgresLimiter::check_all` of two keys (always allowed);
 //! - `gcra`: `PostgresGcraLimiter::check` of one key (always allowed);
-//! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed).
+//! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed);
+//! - the same four with the suffix `-prev`: the statements earlier releases send instead of the
+//!   admission functions, for comparison.
 //!
-//! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. It prints requests/s, checks/s and the ratio to the baseline's requests/s. The bench
-//! creates (and drops) its own database `runlimit_pg_bench`. Without the variable it prints a
-//! notice and exits successfully.
+//! Beside requests/s and checks/s it prints the server CPU per request in microseconds: the
+//! user and system time of the pool's own backend processes (`/proc/<pid>/stat`, clock ticks of
+//! 10 ms, the kernel's `USER_HZ` of 100) over the measurement, divided by the requests
+//! completed; `n/a` when the server's processes are not readable (a server on another host).
+//! Background processes (WAL writer, checkpointer) are not counted, for any row.
+//!
+//! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. The bench creates (and
+//! drops) its own database `runlimit_pg_bench`. Without `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` it
+//! prints a notice and exits successfully.
 
 use std::{
     str::FromStr,
@@ -33,7 +44,7 @@ use std::{
 };
 
 use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, MAX_LIMIT, PolicyId, ScopeId, SubjectKey};
-use runlimit_postgres::{PostgresGcraLimiter, PostgresLimiter};
+use runlimit_postgres::{PostgresConfig, PostgresGcraLimiter, PostgresLimiter};
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection, PgPool,
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -45,27 +56,42 @@ const CONCURRENCY: [usize; 3] = [1, 8, 32];
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Workload {
     Baseline,
+    Floor,
     Single,
     Batch2,
     Gcra,
     Gcra2,
+    SinglePrevious,
+    Batch2Previous,
+    GcraPrevious,
+    Gcra2Previous,
 }
 
 impl Workload {
     fn name(self) -> &'static str {
         match self {
             Self::Baseline => "baseline",
+            Self::Floor => "floor",
             Self::Single => "single",
             Self::Batch2 => "batch2",
             Self::Gcra => "gcra",
             Self::Gcra2 => "gcra2",
+            Self::SinglePrevious => "single-prev",
+            Self::Batch2Previous => "batch2-prev",
+            Self::GcraPrevious => "gcra-prev",
+            Self::Gcra2Previous => "gcra2-prev",
         }
     }
 
     fn checks_per_request(self) -> u64 {
         match self {
-            Self::Baseline | Self::Single | Self::Gcra => 1,
-            Self::Batch2 | Self::Gcra2 => 2,
+            Self::Baseline
+            | Self::Floor
+            | Self::Single
+            | Self::Gcra
+            | Self::SinglePrevious
+            | Self::GcraPrevious => 1,
+            Self::Batch2 | Self::Gcra2 | Self::Batch2Previous | Self::Gcra2Previous => 2,
         }
     }
 }
@@ -78,25 +104,49 @@ fn subject(task: usize, n: u64) -> SubjectKey {
     SubjectKey::from_digest(digest)
 }
 
-/// The two fixed-window policies, the two GCRA policies and the GCRA limiter (on the same
-/// pool as the fixed-window limiter).
-type Setup = (FixedWindowPolicy, FixedWindowPolicy, GcraPolicy, GcraPolicy, PostgresGcraLimiter);
+/// The limiters under test, all on the same pool, and their policies.
+struct Setup {
+    fixed: PostgresLimiter,
+    fixed_previous: PostgresLimiter,
+    gcra: PostgresGcraLimiter,
+    gcra_previous: PostgresGcraLimiter,
+    first: FixedWindowPolicy,
+    second: FixedWindowPolicy,
+    gcra_first: GcraPolicy,
+    gcra_second: GcraPolicy,
+}
+
+async fn fixed_window(limiter: &PostgresLimiter, checks: &[Check<'_, FixedWindowPolicy>]) {
+    let decision = limiter.check_all(checks).await.expect("check_all");
+    assert!(decision.permits_request());
+}
+
+async fn gcra(limiter: &PostgresGcraLimiter, checks: &[Check<'_, GcraPolicy>]) {
+    let decision = limiter.check_all(checks).await.expect("gcra check_all");
+    assert!(decision.permits_request());
+}
+
+/// `pg_catalog.decode('<hex>', 'hex')` of a counter key, for the floor's simple query.
+fn bytea_literal(key: &[u8; 64]) -> String {
+    let hex: String = key.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("pg_catalog.decode('{hex}', 'hex')")
+}
 
 async fn run_task(
     workload: Workload,
     task: usize,
     pool: PgPool,
-    limiter: Arc<PostgresLimiter>,
-    policies: Arc<Setup>,
+    setup: Arc<Setup>,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
 ) {
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let key = subject(task, n % KEYS_PER_TASK);
+        let s = &*setup;
         match workload {
             Workload::Baseline => {
-                let counter_key = Check::new(key.bind(&policies.0)).counter_key().to_bytes();
+                let counter_key = Check::new(key.bind(&s.first)).counter_key().to_bytes();
                 sqlx::query(
                     "INSERT INTO bench_baseline (counter_key, used) VALUES ($1, 1) \
                      ON CONFLICT (counter_key) DO UPDATE SET used = bench_baseline.used + 1",
@@ -106,24 +156,40 @@ async fn run_task(
                 .await
                 .expect("baseline upsert");
             }
-            Workload::Single => {
-                let decision = limiter.check(&Check::new(key.bind(&policies.0))).await.expect("check");
-                assert!(decision.permits_request());
+            Workload::Floor => {
+                let counter_key = Check::new(key.bind(&s.first)).counter_key().to_bytes();
+                let mut connection = pool.acquire().await.expect("floor connection");
+                let updated = sqlx::raw_sql(AssertSqlSafe(format!(
+                    "BEGIN; UPDATE bench_baseline SET used = used + 1 WHERE counter_key = {};",
+                    bytea_literal(&counter_key)
+                )))
+                .execute(&mut *connection)
+                .await
+                .expect("floor update");
+                assert_eq!(updated.rows_affected(), 1, "the floor updates a stored row");
+                sqlx::raw_sql("COMMIT;").execute(&mut *connection).await.expect("floor commit");
+            }
+            Workload::Single => fixed_window(&s.fixed, &[Check::new(key.bind(&s.first))]).await,
+            Workload::SinglePrevious => {
+                fixed_window(&s.fixed_previous, &[Check::new(key.bind(&s.first))]).await
             }
             Workload::Batch2 => {
-                let checks = [Check::new(key.bind(&policies.0)), Check::new(key.bind(&policies.1))];
-                let decision = limiter.check_all(&checks).await.expect("check_all");
-                assert!(decision.permits_request());
+                fixed_window(&s.fixed, &[Check::new(key.bind(&s.first)), Check::new(key.bind(&s.second))])
+                    .await;
             }
-            Workload::Gcra => {
-                let decision =
-                    policies.4.check(&Check::new(key.bind(&policies.2))).await.expect("gcra check");
-                assert!(decision.permits_request());
+            Workload::Batch2Previous => {
+                let checks = [Check::new(key.bind(&s.first)), Check::new(key.bind(&s.second))];
+                fixed_window(&s.fixed_previous, &checks).await;
             }
+            Workload::Gcra => gcra(&s.gcra, &[Check::new(key.bind(&s.gcra_first))]).await,
+            Workload::GcraPrevious => gcra(&s.gcra_previous, &[Check::new(key.bind(&s.gcra_first))]).await,
             Workload::Gcra2 => {
-                let checks = [Check::new(key.bind(&policies.2)), Check::new(key.bind(&policies.3))];
-                let decision = policies.4.check_all(&checks).await.expect("gcra check_all");
-                assert!(decision.permits_request());
+                gcra(&s.gcra, &[Check::new(key.bind(&s.gcra_first)), Check::new(key.bind(&s.gcra_second))])
+                    .await;
+            }
+            Workload::Gcra2Previous => {
+                let checks = [Check::new(key.bind(&s.gcra_first)), Check::new(key.bind(&s.gcra_second))];
+                gcra(&s.gcra_previous, &checks).await;
             }
         }
         done.fetch_add(1, Ordering::Relaxed);
@@ -131,16 +197,43 @@ async fn run_task(
     }
 }
 
-/// Requests per second of `workload` at `tasks` concurrent tasks.
+/// CPU time (user + system, clock ticks) the processes `pids` have used so far, or `None`
+/// when one is not readable.
+fn cpu_ticks(pids: &[u32]) -> Option<u64> {
+    let mut total = 0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesized command name: state is field 3, utime 14, stime 15.
+        let after_name = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        total += utime + stime;
+    }
+    Some(total)
+}
+
+/// Microseconds per clock tick of `/proc/<pid>/stat` (`USER_HZ` = 100).
+const MICROS_PER_TICK: f64 = 10_000.0;
+
+/// What one row measured.
+struct Measured {
+    requests_per_second: f64,
+    /// Server CPU per request, microseconds.
+    cpu_micros: Option<f64>,
+}
+
+/// Requests per second of `workload` at `tasks` concurrent tasks, and the server CPU per
+/// request of the backends `pids`.
 async fn measure(
     workload: Workload,
     tasks: usize,
     pool: &PgPool,
-    limiter: &Arc<PostgresLimiter>,
-    policies: &Arc<Setup>,
+    setup: &Arc<Setup>,
+    pids: &[u32],
     warm_up: Duration,
     duration: Duration,
-) -> f64 {
+) -> Measured {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..tasks)
@@ -149,8 +242,7 @@ async fn measure(
                 workload,
                 task,
                 pool.clone(),
-                Arc::clone(limiter),
-                Arc::clone(policies),
+                Arc::clone(setup),
                 Arc::clone(&stop),
                 Arc::clone(&done),
             ))
@@ -158,17 +250,28 @@ async fn measure(
         .collect();
     tokio::time::sleep(warm_up).await;
     let before = done.load(Ordering::Relaxed);
+    let cpu_before = cpu_ticks(pids);
     let started = Instant::now();
     tokio::time::sleep(duration).await;
     let after = done.load(Ordering::Relaxed);
+    let cpu_after = cpu_ticks(pids);
     let elapsed = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     for handle in handles {
         handle.await.expect("bench task");
     }
     #[allow(clippy::cast_precision_loss)]
-    let rate = (after - before) as f64 / elapsed.as_secs_f64();
-    rate
+    let requests = (after - before) as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_micros = cpu_before
+        .zip(cpu_after)
+        .filter(|_| requests > 0.0)
+        .map(|(before, after)| after.saturating_sub(before) as f64 * MICROS_PER_TICK / requests);
+    Measured { requests_per_second: requests / elapsed.as_secs_f64(), cpu_micros }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "meets" } else { "misses" }
 }
 
 async fn admin_execute(admin: &PgConnectOptions, sql: String) {
@@ -199,8 +302,11 @@ fn main() {
             .connect_with(admin.clone().database(name))
             .await
             .expect("bench pool");
-        let limiter = Arc::new(PostgresLimiter::new(pool.clone()));
-        limiter.migrate().await.expect("migrate");
+        let fixed = PostgresLimiter::new(pool.clone());
+        fixed.migrate().await.expect("migrate");
+        let gcra = PostgresGcraLimiter::new(pool.clone());
+        gcra.migrate().await.expect("migrate gcra");
+        let previous = PostgresConfig::default().with_previous_admission_protocol();
         sqlx::raw_sql(
             "CREATE TABLE bench_baseline (counter_key bytea PRIMARY KEY, used bigint NOT NULL) \
              WITH (fillfactor = 80)",
@@ -217,8 +323,6 @@ fn main() {
             )
             .expect("policy")
         };
-        let gcra = PostgresGcraLimiter::new(pool.clone());
-        gcra.migrate().await.expect("migrate gcra");
         // A million units per second with a burst of a million: always allowed at these rates.
         let gcra_policy = |scope: &str| {
             GcraPolicy::new(
@@ -230,55 +334,129 @@ fn main() {
             )
             .expect("gcra policy")
         };
-        let policies =
-            Arc::new((policy("first"), policy("second"), gcra_policy("first"), gcra_policy("second"), gcra));
+        let setup = Arc::new(Setup {
+            fixed_previous: PostgresLimiter::new(pool.clone()).with_config(previous),
+            fixed,
+            gcra_previous: PostgresGcraLimiter::new(pool.clone()).with_config(previous),
+            gcra,
+            first: policy("first"),
+            second: policy("second"),
+            gcra_first: gcra_policy("first"),
+            gcra_second: gcra_policy("second"),
+        });
+        // The floor's rows: every key the tasks use, stored before the run.
+        let max_tasks = CONCURRENCY.into_iter().max().unwrap_or(1);
+        for task in 0..max_tasks {
+            for n in 0..KEYS_PER_TASK {
+                let counter_key = Check::new(subject(task, n).bind(&setup.first)).counter_key().to_bytes();
+                sqlx::query(
+                    "INSERT INTO bench_baseline (counter_key, used) VALUES ($1, 1) ON CONFLICT DO NOTHING",
+                )
+                .bind(counter_key.as_slice())
+                .execute(&pool)
+                .await
+                .expect("floor rows");
+            }
+        }
         let server: String =
             sqlx::query_scalar("SELECT pg_catalog.version()").fetch_one(&pool).await.expect("version");
+        let pids: Vec<u32> = sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = pg_catalog.current_database()",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("backend pids")
+        .into_iter()
+        .filter_map(|pid| u32::try_from(pid).ok())
+        .collect();
         println!("server: {server}");
-        println!("measuring {seconds} s per row after a 1 s warm-up; pool of 32 connections\n");
         println!(
-            "{:>5}  {:>8}  {:>12}  {:>12}  {:>16}",
-            "tasks", "workload", "requests/s", "checks/s", "vs baseline req/s"
+            "measuring {seconds} s per row after a 1 s warm-up; pool of 32 connections; server CPU from \
+             {} backend processes{}\n",
+            pids.len(),
+            if cpu_ticks(&pids).is_some() { "" } else { " (not readable here: n/a)" }
+        );
+        println!(
+            "{:>5}  {:>11}  {:>10}  {:>10}  {:>9}  {:>12}  {:>9}  {:>8}",
+            "tasks", "workload", "requests/s", "checks/s", "vs floor", "server CPU", "vs floor", "vs base"
         );
         let only: Option<usize> = std::env::var("RUNLIMIT_BENCH_TASKS").ok().and_then(|s| s.parse().ok());
         let mut summary = Vec::new();
         for tasks in CONCURRENCY.into_iter().filter(|tasks| only.is_none_or(|only| only == *tasks)) {
-            let mut baseline = 0.0;
-            for workload in
-                [Workload::Baseline, Workload::Single, Workload::Batch2, Workload::Gcra, Workload::Gcra2]
-            {
-                let rate = measure(
+            let mut baseline = None;
+            let mut floor = None;
+            for workload in [
+                Workload::Baseline,
+                Workload::Floor,
+                Workload::Single,
+                Workload::SinglePrevious,
+                Workload::Batch2,
+                Workload::Batch2Previous,
+                Workload::Gcra,
+                Workload::GcraPrevious,
+                Workload::Gcra2,
+                Workload::Gcra2Previous,
+            ] {
+                let measured = measure(
                     workload,
                     tasks,
                     &pool,
-                    &limiter,
-                    &policies,
+                    &setup,
+                    &pids,
                     Duration::from_secs(1),
                     Duration::from_secs(seconds),
                 )
                 .await;
-                if workload == Workload::Baseline {
-                    baseline = rate;
+                match workload {
+                    Workload::Baseline => baseline = Some(measured.requests_per_second),
+                    Workload::Floor => floor = Some((measured.requests_per_second, measured.cpu_micros)),
+                    _ => {}
                 }
+                let rate = measured.requests_per_second;
                 #[allow(clippy::cast_precision_loss)]
                 let checks = rate * workload.checks_per_request() as f64;
-                let ratio = rate / baseline;
-                println!("{tasks:>5}  {:>8}  {rate:>12.0}  {checks:>12.0}  {ratio:>15.2}x", workload.name());
-                summary.push((tasks, workload, ratio));
+                let (floor_rate, floor_cpu) = floor.unwrap_or((rate, measured.cpu_micros));
+                let throughput_ratio = rate / floor_rate;
+                let cpu_ratio = measured.cpu_micros.zip(floor_cpu).map(|(cpu, floor)| cpu / floor);
+                let base_ratio = rate / baseline.unwrap_or(rate);
+                let cpu = measured.cpu_micros.map_or_else(|| "n/a".to_owned(), |cpu| format!("{cpu:.0} µs"));
+                let cpu_ratio_text =
+                    cpu_ratio.map_or_else(|| "n/a".to_owned(), |ratio| format!("{ratio:.2}x"));
+                println!(
+                    "{tasks:>5}  {:>11}  {rate:>10.0}  {checks:>10.0}  {throughput_ratio:>8.2}x  {cpu:>12}  \
+                     {cpu_ratio_text:>9}  {base_ratio:>7.2}x",
+                    workload.name()
+                );
+                summary.push((tasks, workload, throughput_ratio, cpu_ratio));
             }
         }
-        if let Some((_, _, ratio)) =
-            summary.iter().find(|(tasks, workload, _)| *tasks == 8 && *workload == Workload::Single)
-        {
-            let verdict = if *ratio >= 0.6 { "meets" } else { "misses" };
-            println!("\nsingle check at 8 tasks: {ratio:.2}x the baseline ({verdict} the 0.6x target)");
-        }
-        if let Some((_, _, ratio)) =
-            summary.iter().find(|(tasks, workload, _)| *tasks == 8 && *workload == Workload::Gcra)
-        {
-            let verdict = if *ratio >= 0.6 { "meets" } else { "misses" };
-            println!("gcra single check at 8 tasks: {ratio:.2}x the baseline ({verdict} the 0.6x target)");
-        }
+        let target = |workload: Workload, max_cpu: f64, min_throughput: Option<f64>| {
+            let Some((_, _, throughput, cpu)) =
+                summary.iter().find(|(tasks, row, _, _)| *tasks == 8 && *row == workload)
+            else {
+                return;
+            };
+            let cpu_text = cpu.map_or_else(
+                || "server CPU n/a".to_owned(),
+                |cpu| {
+                    format!(
+                        "{cpu:.2}x the floor's server CPU ({} the {max_cpu}x target)",
+                        verdict(cpu <= max_cpu)
+                    )
+                },
+            );
+            let throughput_text = min_throughput.map_or_else(String::new, |min| {
+                format!(
+                    ", {throughput:.2}x its throughput ({} the {min}x target)",
+                    verdict(*throughput >= min)
+                )
+            });
+            println!("{} at 8 tasks: {cpu_text}{throughput_text}", workload.name());
+        };
+        println!();
+        target(Workload::Single, 1.5, Some(0.75));
+        target(Workload::Gcra, 1.5, Some(0.75));
+        target(Workload::Batch2, 2.0, None);
         pool.close().await;
         admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#)).await;
     });

@@ -16,14 +16,22 @@
 -- not touch exactly the planned rows raises SQLSTATE P0004 (assert_failure) before the caller
 -- can commit.
 
--- The transaction-local statement_timeout and lock_timeout (milliseconds), then the ledger
--- rows of the shards, FOR UPDATE in the given (ascending) order. row_counts[i] and
--- watermarks_ms[i] belong to shards[i] and are null when the shard has no ledger row.
-CREATE FUNCTION public.runlimit_gcra_lock(
+-- The transaction-local statement_timeout and lock_timeout (milliseconds); then the ledger
+-- rows of the shards, FOR UPDATE in the given (ascending) order; then, in a statement of its
+-- own (so its READ COMMITTED snapshot is taken after those locks and sees what their previous
+-- holders committed), the stored arrival times of the keys; then the clock sample in whole
+-- milliseconds since the Unix epoch, floor(extract(epoch from clock_timestamp()) * 1000).
+-- row_counts[i] and watermarks_ms[i] belong to shards[i] (null when the shard has no ledger
+-- row); tat_ms[j] and tat_remainder[j] belong to key j (null when it has no row).
+CREATE FUNCTION public.runlimit_gcra_lock_read(
     timeout_ms bigint,
     shards smallint[],
+    counter_keys text,
     OUT row_counts integer[],
-    OUT watermarks_ms bigint[]
+    OUT watermarks_ms bigint[],
+    OUT tat_ms bigint[],
+    OUT tat_remainder bigint[],
+    OUT now_ms bigint
 )
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
@@ -33,8 +41,14 @@ DECLARE
     shard_index smallint;
     found_count integer;
     found_watermark bigint;
+    keys bytea;
+    key bytea;
+    found_ms bigint;
+    found_remainder bigint;
 BEGIN
-    IF timeout_ms IS NULL OR timeout_ms < 1 OR timeout_ms > 2147483647 OR shards IS NULL THEN
+    IF timeout_ms IS NULL OR timeout_ms < 1 OR timeout_ms > 2147483647 OR shards IS NULL
+        OR counter_keys IS NULL OR pg_catalog.length(counter_keys) = 0
+        OR pg_catalog.length(counter_keys) % 128 <> 0 THEN
         RAISE EXCEPTION 'runlimit: invalid gcra lock arguments' USING ERRCODE = '22023';
     END IF;
     applied := pg_catalog.set_config('statement_timeout', timeout_ms::text, true);
@@ -49,33 +63,6 @@ BEGIN
         row_counts := row_counts || found_count;
         watermarks_ms := watermarks_ms || found_watermark;
     END LOOP;
-END
-$$;
-
--- Reads the stored arrival times of the keys, in order, then samples the clock in whole
--- milliseconds since the Unix epoch, floor(extract(epoch from clock_timestamp()) * 1000).
--- tat_ms[i] and tat_remainder[i] belong to key i and are null when it has no row. Called
--- after runlimit_gcra_lock in the same transaction, as its own statement, so it reads what
--- the previous holders of the shard locks committed.
-CREATE FUNCTION public.runlimit_gcra_read(
-    counter_keys text,
-    OUT tat_ms bigint[],
-    OUT tat_remainder bigint[],
-    OUT now_ms bigint
-)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    keys bytea;
-    key bytea;
-    found_ms bigint;
-    found_remainder bigint;
-BEGIN
-    IF counter_keys IS NULL OR pg_catalog.length(counter_keys) = 0
-        OR pg_catalog.length(counter_keys) % 128 <> 0 THEN
-        RAISE EXCEPTION 'runlimit: invalid gcra counter keys' USING ERRCODE = '22023';
-    END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     tat_ms := '{}';
     tat_remainder := '{}';

@@ -6,8 +6,10 @@
 -- connection instead of once per admission; what remains per admission is the small call
 -- statement. The functions take the same locks in the same order as the statements earlier
 -- releases send (advisory locks ascending, then the counter rows FOR NO KEY UPDATE, the ledger
--- rows FOR UPDATE ascending), write the same rows and sample the same clock, so replicas of
--- both releases can share the tables during a rolling deploy.
+-- rows FOR UPDATE ascending), commit the same rows and sample the same clock, so replicas of
+-- both releases can share the tables during a rolling deploy. The preflight row-locks a stored
+-- counter by incrementing it provisionally, so an allowed in-window increment, the common
+-- admission, commits without a write statement of its own.
 --
 -- Each function is SECURITY INVOKER (it runs with the caller's privileges), pins
 -- search_path = pg_catalog, pg_temp and names every object schema-qualified. Counter keys are
@@ -38,12 +40,19 @@ BEGIN
 END
 $$;
 
--- Row-locks (FOR NO KEY UPDATE) and reads the counters of the keys, in order, then samples
--- the clock after those row locks. used[i] and expires_us[i] (the window end in microseconds
--- since the Unix epoch) belong to key i and are null when it has no row; now_us is the clock
--- sample in microseconds since the Unix epoch.
+-- Row-locks the stored counters of the keys, in order, by adding costs[i] to the counter of
+-- key i provisionally (an UPDATE takes the same FOR NO KEY UPDATE row lock a locking read
+-- takes), then samples the clock after those row locks. used[i] and expires_us[i] (the window
+-- end in microseconds since the Unix epoch) are the counter of key i as it was before the
+-- increment, null when the key has no row; now_us is the clock sample in microseconds since
+-- the Unix epoch. The caller decides from these values: it commits only when every check is
+-- allowed and an increment of costs[i] is what check i writes (a counter whose window ended
+-- is re-anchored by runlimit_fixed_window_write first), and rolls back otherwise, which undoes
+-- the increments. An increment that would overflow bigint is not made (such a check can never
+-- be allowed); that counter is row-locked by a locking read instead.
 CREATE FUNCTION public.runlimit_fixed_window_preflight(
     counter_keys text,
+    costs bigint[],
     OUT used bigint[],
     OUT expires_us bigint[],
     OUT now_us bigint
@@ -54,6 +63,8 @@ AS $$
 DECLARE
     keys bytea;
     key bytea;
+    checks integer;
+    cost bigint;
     found_used bigint;
     found_expires timestamp with time zone;
 BEGIN
@@ -62,14 +73,30 @@ BEGIN
         RAISE EXCEPTION 'runlimit: invalid fixed-window counter keys' USING ERRCODE = '22023';
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
+    checks := pg_catalog.length(keys) / 64;
+    IF pg_catalog.cardinality(costs) IS DISTINCT FROM checks THEN
+        RAISE EXCEPTION 'runlimit: invalid fixed-window costs' USING ERRCODE = '22023';
+    END IF;
     used := '{}';
     expires_us := '{}';
-    FOR position IN 0 .. pg_catalog.length(keys) / 64 - 1 LOOP
-        key := pg_catalog.substring(keys, position * 64 + 1, 64);
-        SELECT w.used, w.window_expires_at INTO found_used, found_expires
-        FROM public.runlimit_fixed_windows AS w
-        WHERE w.counter_key = key
-        FOR NO KEY UPDATE OF w;
+    FOR position IN 1 .. checks LOOP
+        key := pg_catalog.substring(keys, position * 64 - 63, 64);
+        cost := costs[position];
+        IF cost IS NULL OR cost < 1 THEN
+            RAISE EXCEPTION 'runlimit: invalid fixed-window cost' USING ERRCODE = '22023';
+        END IF;
+        UPDATE public.runlimit_fixed_windows AS w
+        SET used = w.used + cost
+        WHERE w.counter_key = key AND w.used <= 9223372036854775807 - cost
+        RETURNING w.used - cost, w.window_expires_at
+        INTO found_used, found_expires;
+        IF NOT FOUND THEN
+            -- No row, or an increment past bigint: lock and read the row unchanged, if any.
+            SELECT w.used, w.window_expires_at INTO found_used, found_expires
+            FROM public.runlimit_fixed_windows AS w
+            WHERE w.counter_key = key
+            FOR NO KEY UPDATE OF w;
+        END IF;
         used := used || found_used;
         expires_us := expires_us || (EXTRACT(EPOCH FROM found_expires) * 1000000)::bigint;
     END LOOP;
@@ -107,16 +134,16 @@ BEGIN
 END
 $$;
 
--- Writes an allowed batch anchored at now_us (microseconds since the Unix epoch). For key i,
--- writes[i] is 0 (add costs[i] to the stored counter), 1 (re-anchor the stored counter at
--- now_us with costs[i] used and a window of window_ms[i] milliseconds) or 2 (insert a new
--- counter, likewise). The updates run key by key, then one INSERT takes every new counter in
--- ascending key order. Raises P0004 unless every update touched its row and every insert
--- added one.
+-- Writes what an allowed batch writes beyond the increments runlimit_fixed_window_preflight
+-- already made, anchored at now_us (microseconds since the Unix epoch): for key i, re-anchor
+-- its stored counter (renew[i] true) or insert a new counter (renew[i] false) at now_us, with
+-- costs[i] used and a window of window_ms[i] milliseconds. The re-anchoring updates run key by
+-- key, then one INSERT takes every new counter in ascending key order. Raises P0004 unless
+-- every update touched its row and every insert added one.
 CREATE FUNCTION public.runlimit_fixed_window_write(
     now_us bigint,
     counter_keys text,
-    writes smallint[],
+    renew boolean[],
     costs bigint[],
     window_ms bigint[]
 )
@@ -140,7 +167,7 @@ BEGIN
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     checks := pg_catalog.length(keys) / 64;
-    IF pg_catalog.cardinality(writes) IS DISTINCT FROM checks
+    IF pg_catalog.cardinality(renew) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(costs) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(window_ms) IS DISTINCT FROM checks THEN
         RAISE EXCEPTION 'runlimit: invalid fixed-window write arguments' USING ERRCODE = '22023';
@@ -148,26 +175,19 @@ BEGIN
     sampled_at := pg_catalog.to_timestamp(0) + now_us * INTERVAL '1 microsecond';
     FOR position IN 1 .. checks LOOP
         key := pg_catalog.substring(keys, position * 64 - 63, 64);
-        IF writes[position] = 0 THEN
-            UPDATE public.runlimit_fixed_windows AS w
-            SET used = w.used + costs[position]
-            WHERE w.counter_key = key;
-        ELSIF writes[position] = 1 THEN
+        IF renew[position] THEN
             UPDATE public.runlimit_fixed_windows AS w
             SET used = costs[position],
                 window_started_at = sampled_at,
                 window_expires_at = sampled_at + window_ms[position] * INTERVAL '1 millisecond'
             WHERE w.counter_key = key;
-        ELSIF writes[position] = 2 THEN
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'runlimit: a locked counter row was not updated' USING ERRCODE = 'P0004';
+            END IF;
+        ELSE
             new_keys := new_keys || key;
             new_costs := new_costs || costs[position];
             new_window_ms := new_window_ms || window_ms[position];
-            CONTINUE;
-        ELSE
-            RAISE EXCEPTION 'runlimit: invalid fixed-window write kind' USING ERRCODE = '22023';
-        END IF;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'runlimit: a locked counter row was not updated' USING ERRCODE = 'P0004';
         END IF;
     END LOOP;
     IF pg_catalog.cardinality(new_keys) > 0 THEN

@@ -4,19 +4,25 @@
 //!
 //! # Two round trips per admission
 //!
-//! An allowed admission is two round trips and five statements whatever the batch size:
+//! An admission is two round trips whatever the batch size:
 //!
 //! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
 //!    `SELECT public.runlimit_fixed_window_lock(..)` (the transaction-local `statement_timeout`
 //!    and `lock_timeout`, then every advisory lock in ascending order) and
-//!    `SELECT * FROM public.runlimit_fixed_window_preflight(..)` (the stored counters,
-//!    row-locked, and the clock sample taken after those row locks);
-//! 2. `SELECT public.runlimit_fixed_window_write(..)` (every update and insert of the batch,
-//!    verifying its own row counts), then `COMMIT` (or just `ROLLBACK` after a denial).
+//!    `SELECT * FROM public.runlimit_fixed_window_preflight(..)`: every stored counter
+//!    row-locked by adding the check's cost to it provisionally, the counters as they were
+//!    before, and the clock sample taken after those row locks;
+//! 2. `COMMIT` when every check is allowed and every write is such an in-window increment (the
+//!    common admission: four statements in all); `SELECT public.runlimit_fixed_window_write(..)`
+//!    (re-anchor the counters whose window ended, insert the new ones, verifying the row counts)
+//!    then `COMMIT` when some check writes more; `ROLLBACK` after a denial, which also undoes
+//!    the provisional increments.
 //!
-//! A key without a row adds one round trip between them:
-//! `SELECT * FROM public.runlimit_fixed_window_reserve(..)` (the capacity ledger rows, locked,
-//! and a new clock sample taken after those locks).
+//! An allowed increment commits exactly the provisional increment: the evaluator allows an
+//! in-window check only when `used + cost` stays within the limit, hence within `bigint`, and
+//! the preflight makes every increment that stays within `bigint`. A key without a row adds
+//! one round trip between them: `SELECT * FROM public.runlimit_fixed_window_reserve(..)` (the
+//! capacity ledger rows, locked, and a new clock sample taken after those locks).
 //!
 //! PL/pgSQL plans the statements inside the functions once per connection and keeps the plans;
 //! what PostgreSQL parses and plans per admission is only the call statements, a function name
@@ -42,10 +48,16 @@ pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
     )
 }
 
-/// `SELECT * FROM public.runlimit_fixed_window_preflight(..)` of `keys`: one row, `used` and
-/// `expires_us` with one element per key (null without a row) and the clock sample `now_us`.
-pub(crate) fn preflight(keys: &[[u8; 64]]) -> String {
-    format!("SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text);\n", hex_keys(keys))
+/// `SELECT * FROM public.runlimit_fixed_window_preflight(..)` of `keys`, incrementing each
+/// stored counter provisionally by its check's cost (`costs[i]` for `keys[i]`): one row,
+/// `used` and `expires_us` with one element per key as stored before the increment (null
+/// without a row) and the clock sample `now_us`.
+pub(crate) fn preflight(keys: &[[u8; 64]], costs: &[u64]) -> String {
+    format!(
+        "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text, {}::bigint[]);\n",
+        hex_keys(keys),
+        array_literal(costs)
+    )
 }
 
 /// `SELECT * FROM public.runlimit_fixed_window_reserve(..)` of `shards` (ascending): one row,
@@ -54,25 +66,14 @@ pub(crate) fn reserve(shards: &[i16]) -> String {
     format!("SELECT * FROM public.runlimit_fixed_window_reserve({}::smallint[]);\n", array_literal(shards))
 }
 
-/// What the write function does with one key: its code in `writes`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WriteKind {
-    /// Add the cost to the stored counter (0).
-    Increment = 0,
-    /// Re-anchor the stored counter at the sample (1).
-    Renew = 1,
-    /// Insert a new counter anchored at the sample (2).
-    Insert = 2,
-}
-
-/// `SELECT public.runlimit_fixed_window_write(..)`: per key `(kind, cost, window_ms)`, anchored
-/// at `now_us`. The evaluator admitted each cost, so `used + cost` stays within the limit.
-pub(crate) fn write(keys: &[[u8; 64]], writes: &[(WriteKind, u64, u64)], now_us: i64) -> String {
+/// `SELECT public.runlimit_fixed_window_write(..)`: per key `(renew, cost, window_ms)`, a
+/// stored counter re-anchored (`renew`) or a new counter inserted at `now_us` with `cost` used.
+pub(crate) fn write(keys: &[[u8; 64]], writes: &[(bool, u64, u64)], now_us: i64) -> String {
     format!(
         "SELECT public.runlimit_fixed_window_write({now_us}::bigint, '{}'::pg_catalog.text, \
-         {}::smallint[], {}::bigint[], {}::bigint[]);\n",
+         {}::boolean[], {}::bigint[], {}::bigint[]);\n",
         hex_keys(keys),
-        array_literal(writes.iter().map(|(kind, _, _)| *kind as i16)),
+        array_literal(writes.iter().map(|(renew, _, _)| renew)),
         array_literal(writes.iter().map(|(_, cost, _)| cost)),
         array_literal(writes.iter().map(|(_, _, window_ms)| window_ms)),
     )
@@ -90,9 +91,9 @@ mod tests {
             "SELECT public.runlimit_fixed_window_lock(1500::bigint, '{-5,7}'::bigint[]);\n"
         );
         assert_eq!(
-            preflight(&[key]),
+            preflight(&[key], &[3]),
             format!(
-                "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text);\n",
+                "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text, '{{3}}'::bigint[]);\n",
                 "ab".repeat(64)
             )
         );
@@ -101,10 +102,10 @@ mod tests {
             "SELECT * FROM public.runlimit_fixed_window_reserve('{0,255}'::smallint[]);\n"
         );
         assert_eq!(
-            write(&[key, key], &[(WriteKind::Increment, 3, 60_000), (WriteKind::Insert, 1, 5)], -17),
+            write(&[key, key], &[(true, 3, 60_000), (false, 1, 5)], 17),
             format!(
-                "SELECT public.runlimit_fixed_window_write(-17::bigint, '{}'::pg_catalog.text, \
-                 '{{0,2}}'::smallint[], '{{3,1}}'::bigint[], '{{60000,5}}'::bigint[]);\n",
+                "SELECT public.runlimit_fixed_window_write(17::bigint, '{}'::pg_catalog.text, \
+                 '{{true,false}}'::boolean[], '{{3,1}}'::bigint[], '{{60000,5}}'::bigint[]);\n",
                 "ab".repeat(128)
             )
         );

@@ -296,7 +296,8 @@ async fn evaluate_calls(
 
     let mut sql = script::begin().to_owned();
     sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids));
-    sql.push_str(&calls::preflight(keys));
+    let costs: Vec<u64> = specs.iter().map(|spec| spec.cost).collect();
+    sql.push_str(&calls::preflight(keys, &costs));
     let lock_statement = script::BEGIN_STATEMENTS;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
@@ -358,27 +359,27 @@ async fn evaluate_calls(
     Ok((plan, now_us.div_euclid(1_000) * 1_000))
 }
 
-/// The write call of an allowed batch anchored at `anchor_us`: one statement whatever the
-/// batch size.
+/// The write call of an allowed batch anchored at `anchor_us`: nothing when every write is an
+/// in-window increment (the preflight made those), else one statement whatever the batch size,
+/// for the re-anchored and the new counters.
 fn render_call_writes(
     keys: &[[u8; 64]],
     specs: &[Spec],
     writes: &[Write],
     anchor_us: i64,
 ) -> (String, usize) {
-    let rows: Vec<(calls::WriteKind, u64, u64)> = specs
-        .iter()
-        .zip(writes)
-        .map(|(spec, write)| {
-            let kind = match write {
-                Write::Increment => calls::WriteKind::Increment,
-                Write::Renew => calls::WriteKind::Renew,
-                Write::Insert => calls::WriteKind::Insert,
-            };
-            (kind, spec.cost, spec.parameters.window().as_millis())
-        })
-        .collect();
-    (calls::write(keys, &rows, anchor_us), 1)
+    let mut written_keys = Vec::new();
+    let mut rows = Vec::new();
+    for ((key, spec), write) in keys.iter().zip(specs).zip(writes) {
+        let renew = match write {
+            Write::Increment => continue,
+            Write::Renew => true,
+            Write::Insert => false,
+        };
+        written_keys.push(*key);
+        rows.push((renew, spec.cost, spec.parameters.window().as_millis()));
+    }
+    if rows.is_empty() { (String::new(), 0) } else { (calls::write(&written_keys, &rows, anchor_us), 1) }
 }
 
 /// The write statements of an allowed batch anchored at `anchor_us`: at most one `UPDATE` and

@@ -2,15 +2,15 @@
 //! `20250701000003_add_runlimit_gcra_admission_functions`, sent through
 //! [`crate::script::run`] as simple-query round trips.
 //!
-//! # Two round trips, five statements
+//! # Two round trips, four statements
 //!
-//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
-//!    `SELECT * FROM public.runlimit_gcra_lock(..)` (the transaction-local `statement_timeout`
-//!    and `lock_timeout`, then the ledger rows of every shard the batch touches, `FOR UPDATE`
-//!    in ascending shard order) and `SELECT * FROM public.runlimit_gcra_read(..)` (the stored
-//!    arrival times and the whole-millisecond clock sample). The read is a separate statement
-//!    so its `READ COMMITTED` snapshot is taken after the locks, and a failure names its phase
-//!    by the number of statements that completed.
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` and
+//!    `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the transaction-local
+//!    `statement_timeout` and `lock_timeout`, the ledger rows of every shard the batch touches
+//!    (`FOR UPDATE`, ascending shard order), then, in a statement of its own inside the
+//!    function (so its `READ COMMITTED` snapshot is taken after the locks), the stored arrival
+//!    times, and the whole-millisecond clock sample. Only the ledger locks can wait, so a
+//!    failure of this statement is reported in the lock phase.
 //! 2. `SELECT public.runlimit_gcra_write(..)` (advance the watermarks of the locked shards,
 //!    update and insert the rows, verify the row counts) and `COMMIT`, or just `ROLLBACK`
 //!    after a denial.
@@ -26,20 +26,17 @@ use crate::{
     script::{array_literal, hex_keys},
 };
 
-/// `SELECT * FROM public.runlimit_gcra_lock(..)`: the timeouts (`timeout_ms` milliseconds),
-/// then the ledger rows of `shards` (ascending, distinct). One row: `row_counts` and
-/// `watermarks_ms`, one element per shard.
-pub(crate) fn lock(timeout_ms: u128, shards: &[i16]) -> String {
+/// `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the timeouts (`timeout_ms`
+/// milliseconds), the ledger rows of `shards` (ascending, distinct), then the stored arrival
+/// times of `keys` and the clock sample. One row: `row_counts` and `watermarks_ms` with one
+/// element per shard, `tat_ms` and `tat_remainder` with one per key (null without a row), and
+/// `now_ms`.
+pub(crate) fn lock_read(timeout_ms: u128, shards: &[i16], keys: &[[u8; 64]]) -> String {
     format!(
-        "SELECT * FROM public.runlimit_gcra_lock({timeout_ms}::bigint, {}::smallint[]);\n",
-        array_literal(shards)
+        "SELECT * FROM public.runlimit_gcra_lock_read({timeout_ms}::bigint, {}::smallint[], '{}'::pg_catalog.text);\n",
+        array_literal(shards),
+        hex_keys(keys)
     )
-}
-
-/// `SELECT * FROM public.runlimit_gcra_read(..)` of `keys`: one row, `tat_ms` and
-/// `tat_remainder` with one element per key (null without a row) and the clock sample `now_ms`.
-pub(crate) fn read(keys: &[[u8; 64]]) -> String {
-    format!("SELECT * FROM public.runlimit_gcra_read('{}'::pg_catalog.text);\n", hex_keys(keys))
 }
 
 /// `SELECT public.runlimit_gcra_write(..)`: advances the watermarks of `shards` to `now_ms` and
@@ -66,12 +63,12 @@ mod tests {
     fn renders_calls_of_exact_types() {
         let key = [0xAB; 64];
         assert_eq!(
-            lock(70, &[0, 7, 255]),
-            "SELECT * FROM public.runlimit_gcra_lock(70::bigint, '{0,7,255}'::smallint[]);\n"
-        );
-        assert_eq!(
-            read(&[key]),
-            format!("SELECT * FROM public.runlimit_gcra_read('{}'::pg_catalog.text);\n", "ab".repeat(64))
+            lock_read(70, &[0, 7, 255], &[key]),
+            format!(
+                "SELECT * FROM public.runlimit_gcra_lock_read(70::bigint, '{{0,7,255}}'::smallint[], \
+                 '{}'::pg_catalog.text);\n",
+                "ab".repeat(64)
+            )
         );
         let insert =
             GcraWrite { insert: true, tat: StoredTat { tat_ms: 10, tat_remainder: 2 }, expires_at_ms: 11 };

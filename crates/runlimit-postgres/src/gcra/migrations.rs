@@ -22,7 +22,7 @@ pub const INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL: &str =
     include_str!("../../gcra-migrations/20250701000002_index_runlimit_gcra_shard_expiry.sql");
 
 /// Migration `20250701000003_add_runlimit_gcra_admission_functions`: the PL/pgSQL functions
-/// admissions call, `public.runlimit_gcra_lock`, `_read` and `_write` (each
+/// admissions call, `public.runlimit_gcra_lock_read` and `public.runlimit_gcra_write` (each
 /// `SECURITY INVOKER`, with `search_path` pinned to `pg_catalog, pg_temp`), so PostgreSQL
 /// plans their statements once per connection. Additive: it changes no table, and replicas
 /// still sending the statements of earlier releases keep working beside replicas that call

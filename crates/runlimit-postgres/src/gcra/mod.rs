@@ -238,8 +238,8 @@ async fn evaluate(
     Ok((plan, now_ms))
 }
 
-/// [`evaluate`] through the admission functions (see [`calls`]): begin, lock and read in one
-/// round trip, then the decision.
+/// [`evaluate`] through the admission functions (see [`calls`]): begin and the lock-and-read
+/// call in one round trip, then the decision.
 async fn evaluate_calls(
     connection: &mut PgConnection,
     deadline: Deadline,
@@ -250,11 +250,10 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
     let mut sql = script::begin().to_owned();
-    sql.push_str(&calls::lock(config.server_timeout_millis(), shards));
-    sql.push_str(&calls::read(keys));
+    sql.push_str(&calls::lock_read(config.server_timeout_millis(), shards, keys));
     let lock_statement = script::BEGIN_STATEMENTS;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
-    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
+    phases.push(CheckPhase::Lock);
     let output = script::run(connection, sql, deadline)
         .await
         .map_err(|error| check_failure(error, &phases, config.operation_timeout()))?;
@@ -283,9 +282,6 @@ async fn evaluate_calls(
         }
     }
     let phase = CheckPhase::Preflight;
-    let row = output
-        .only_row(lock_statement + 1)
-        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one read row" })?;
     let tat_ms: Vec<Option<i64>> = script::per_check_array(row, "tat_ms", keys.len(), phase)?;
     let remainders: Vec<Option<i64>> = script::per_check_array(row, "tat_remainder", keys.len(), phase)?;
     let stored = tat_ms
