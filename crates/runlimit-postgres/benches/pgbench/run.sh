@@ -5,18 +5,35 @@
 #
 # Creates the database `runlimit_pgbench`, applies the fixed-window migrations, stores 512
 # counters (and 512 baseline rows), then runs each script at 8 clients for 4 s, three rounds
-# interleaved, and prints transactions per second. Scripts:
+# interleaved, and prints transactions per second and the server CPU per transaction. Scripts:
 #   baseline.sql              the cargo bench baseline: one autocommitted upsert (prepared)
 #   bare_two_round_trips.sql  `BEGIN; UPDATE` then `COMMIT`: the cheapest transaction in which
 #                             the client reads an answer before deciding to commit
-#   runlimit_check.sql        the statements PostgresLimiter::check sends for a stored key
-#   simplified_check.sql      the same phases as plain single-table statements
-# Needs pgbench and psql on PATH or under /usr/lib/postgresql/*/bin. Drops the database after.
+#   runlimit_check.sql        what PostgresLimiter::check sends for a stored key, allowed:
+#                             BEGIN, the lock call, the preflight call (the provisional
+#                             increment), then COMMIT
+#   previous_check.sql        what PostgresLimiter::check sent before the admission functions
+#   simplified_check.sql      the previous phases as plain single-table statements
+# Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
+# PostgreSQL process over the run, including backends that exited (their time is added to the
+# postmaster's reaped-children fields), divided by the transactions pgbench completed; it needs
+# the server on this machine and /proc readable. Needs pgbench and psql on PATH or under
+# /usr/lib/postgresql/*/bin. Drops the database after.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$(dirname "$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | tail -1)")"
 db=runlimit_pgbench
 psql() { "$bin/psql" -v ON_ERROR_STOP=1 -q "$@"; }
+# CPU ticks used so far by every process named postgres: utime + stime + cutime + cstime.
+server_ticks() {
+  local total=0 pid stat fields
+  for pid in $(pgrep -x postgres || true); do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    read -r -a fields <<< "${stat##*) }"
+    total=$((total + fields[11] + fields[12] + fields[13] + fields[14]))
+  done
+  echo "$total"
+}
 psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 for migration in "$here"/../../migrations/*.sql; do psql -1 -d "$db" -f "$migration"; done
 psql -d "$db" \
@@ -26,10 +43,16 @@ psql -d "$db" \
       SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1, now(), now() + interval '10 days'
       FROM generate_series(1, 512) AS i"
 for round in 1 2 3; do
-  for script in baseline bare_two_round_trips runlimit_check simplified_check; do
+  for script in baseline bare_two_round_trips runlimit_check previous_check simplified_check; do
     mode=simple; [ "$script" = baseline ] && mode=prepared
-    tps=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -f "$here/$script.sql" "$db" 2>&1 | awk '/^tps/ {print int($3)}')
-    echo "round $round  $script  $tps tps"
+    before=$(server_ticks)
+    out=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -f "$here/$script.sql" "$db" 2>&1)
+    after=$(server_ticks)
+    tps=$(awk '/^tps/ {print int($3)}' <<< "$out")
+    transactions=$(awk '/number of transactions actually processed/ {split($NF, n, "/"); print n[1]}' <<< "$out")
+    cpu="n/a"
+    [ "${transactions:-0}" -gt 0 ] && cpu="$(( (after - before) * 10000 / transactions )) µs"
+    echo "round $round  $script  $tps tps  server CPU $cpu per transaction"
   done
 done
 psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"

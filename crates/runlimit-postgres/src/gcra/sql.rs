@@ -1,5 +1,8 @@
-//! The GCRA v1 SQL protocol: scripts built from the `src/sql/gcra_*.sql` templates and sent
-//! through [`crate::script::run`] as simple-query round trips.
+//! The GCRA v1 statement protocol of earlier releases: scripts built from the
+//! `src/sql/gcra_*.sql` templates and sent through [`crate::script::run`] as simple-query
+//! round trips. Admissions now call the admission functions (`super::calls`); these statements
+//! remain for peek, reset and cleanup, and as the admission protocol of the hidden
+//! `PostgresConfig::with_previous_admission_protocol`.
 //!
 //! # Admission: two round trips, six statements
 //!

@@ -284,3 +284,98 @@ async fn a_write_that_misses_a_row_fails_before_commit() {
     assert_eq!(rows, 0);
     db.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn the_admission_functions_verify_their_rows_and_arguments_before_commit() {
+    // The write functions raise P0004 when a row they must write is missing, so the COMMIT
+    // sent after them never runs; malformed arguments raise 22023 before anything is touched.
+    let db = TestDatabase::create("function_verification").await;
+    db.limiter(1).await;
+    runlimit_postgres::PostgresGcraLimiter::new(db.pool(1).await).migrate().await.unwrap();
+    let mut connection = db.connection().await;
+    let absent = "ab".repeat(64);
+    let failures = [
+        (
+            format!(
+                "SELECT public.runlimit_fixed_window_write(0::bigint, '{absent}'::pg_catalog.text, \
+                 '{{true}}'::boolean[], '{{1}}'::bigint[], '{{1000}}'::bigint[])"
+            ),
+            "P0004",
+            "runlimit: a locked counter row was not updated",
+        ),
+        (
+            format!(
+                "SELECT public.runlimit_gcra_write(0::bigint, '{{171}}'::smallint[], '{absent}'::pg_catalog.text, \
+                 '{{false}}'::boolean[], '{{1}}'::bigint[], '{{0}}'::bigint[], '{{1}}'::bigint[])"
+            ),
+            "P0004",
+            "runlimit: a locked gcra row was not written",
+        ),
+        (
+            "SELECT * FROM public.runlimit_fixed_window_preflight('abc'::pg_catalog.text, '{1}'::bigint[])"
+                .to_owned(),
+            "22023",
+            "runlimit: invalid fixed-window counter keys",
+        ),
+        (
+            format!(
+                "SELECT * FROM public.runlimit_fixed_window_preflight('{absent}'::pg_catalog.text, '{{0}}'::bigint[])"
+            ),
+            "22023",
+            "runlimit: invalid fixed-window cost",
+        ),
+        (
+            format!(
+                "SELECT public.runlimit_fixed_window_write(0::bigint, '{absent}'::pg_catalog.text, \
+                 '{{true,false}}'::boolean[], '{{1}}'::bigint[], '{{1000}}'::bigint[])"
+            ),
+            "22023",
+            "runlimit: invalid fixed-window write arguments",
+        ),
+        (
+            "SELECT public.runlimit_fixed_window_lock(0::bigint, '{1}'::bigint[])".to_owned(),
+            "22023",
+            "runlimit: invalid fixed-window lock arguments",
+        ),
+    ];
+    for (call, code, message) in failures {
+        let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {call}; COMMIT;")))
+            .execute(&mut connection)
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&error).as_deref(), Some(code), "{call}");
+        assert_eq!(error.as_database_error().unwrap().message(), message, "{call}");
+        sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
+    }
+    // The provisional increment of a stored counter reports the counter as it was.
+    let key = "cd".repeat(64);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT public.runlimit_fixed_window_write(1000000::bigint, '{key}'::pg_catalog.text, \
+         '{{false}}'::boolean[], '{{4}}'::bigint[], '{{60000}}'::bigint[]); COMMIT;"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let (used, expires_us): (Vec<Option<i64>>, Vec<Option<i64>>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT used, expires_us FROM public.runlimit_fixed_window_preflight('{key}{absent}'::pg_catalog.text, \
+         '{{3,1}}'::bigint[])"
+    )))
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert_eq!(used, [Some(4), None]);
+    assert_eq!(expires_us, [Some(61_000_000), None]);
+    // That statement autocommitted its increment: 4 + 3.
+    let stored: i64 = sqlx::query_scalar("SELECT used FROM public.runlimit_fixed_windows")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(stored, 7);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.runlimit_gcra")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    db.finish().await;
+}

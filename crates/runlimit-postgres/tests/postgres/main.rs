@@ -21,5 +21,6 @@ mod faults;
 mod migrations;
 mod observer;
 mod promises;
+mod protocol;
 mod replicas;
 mod rules;

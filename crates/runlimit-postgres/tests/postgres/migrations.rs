@@ -174,7 +174,7 @@ async fn a_host_application_shares_the_migration_history() {
     let mut connection = db.connection().await;
     let history: i64 =
         sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(&mut connection).await.unwrap();
-    assert_eq!(history, 2 + MIGRATION_VERSIONS.len() as i64);
+    assert_eq!(history, 2 + i64::try_from(MIGRATION_VERSIONS.len()).unwrap());
     let policy = policy("migrations.shared", 2, Duration::from_secs(60));
     assert!(limiter.check(&check(&policy, subject(1, 1))).await.unwrap().permits_request());
     db.finish().await;
