@@ -21,7 +21,9 @@
 //! - `batch2`: `PostgresLimiter::check_all` of two keys (always allowed);
 //! - `gcra`: `PostgresGcraLimiter::check` of one key (always allowed);
 //! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed);
-//! - the same four with the suffix `-prev`: the statements earlier releases send instead of the
+//! - `denied`: `PostgresLimiter::check` of one key whose quota (1 per hour) is used up, so
+//!   every check after the first is denied and rolled back;
+//! - the same five with the suffix `-prev`: the statements earlier releases send instead of the
 //!   admission functions, for comparison.
 //!
 //! Beside requests/s and checks/s it prints the server CPU per request in microseconds: the
@@ -61,10 +63,12 @@ enum Workload {
     Batch2,
     Gcra,
     Gcra2,
+    Denied,
     SinglePrevious,
     Batch2Previous,
     GcraPrevious,
     Gcra2Previous,
+    DeniedPrevious,
 }
 
 impl Workload {
@@ -80,6 +84,8 @@ impl Workload {
             Self::Batch2Previous => "batch2-prev",
             Self::GcraPrevious => "gcra-prev",
             Self::Gcra2Previous => "gcra2-prev",
+            Self::Denied => "denied",
+            Self::DeniedPrevious => "denied-prev",
         }
     }
 
@@ -89,8 +95,10 @@ impl Workload {
             | Self::Floor
             | Self::Single
             | Self::Gcra
+            | Self::Denied
             | Self::SinglePrevious
-            | Self::GcraPrevious => 1,
+            | Self::GcraPrevious
+            | Self::DeniedPrevious => 1,
             Self::Batch2 | Self::Gcra2 | Self::Batch2Previous | Self::Gcra2Previous => 2,
         }
     }
@@ -114,6 +122,14 @@ struct Setup {
     second: FixedWindowPolicy,
     gcra_first: GcraPolicy,
     gcra_second: GcraPolicy,
+    /// One check per hour: used up by the first check of each key.
+    exhausted: FixedWindowPolicy,
+}
+
+async fn denied(limiter: &PostgresLimiter, check: &Check<'_, FixedWindowPolicy>) {
+    // The first check of a key (during the warm-up) uses its quota up; every later one is
+    // denied.
+    let _denied_after_the_first = limiter.check(check).await.expect("check");
 }
 
 async fn fixed_window(limiter: &PostgresLimiter, checks: &[Check<'_, FixedWindowPolicy>]) {
@@ -181,6 +197,8 @@ async fn run_task(
                 let checks = [Check::new(key.bind(&s.first)), Check::new(key.bind(&s.second))];
                 fixed_window(&s.fixed_previous, &checks).await;
             }
+            Workload::Denied => denied(&s.fixed, &Check::new(key.bind(&s.exhausted))).await,
+            Workload::DeniedPrevious => denied(&s.fixed_previous, &Check::new(key.bind(&s.exhausted))).await,
             Workload::Gcra => gcra(&s.gcra, &[Check::new(key.bind(&s.gcra_first))]).await,
             Workload::GcraPrevious => gcra(&s.gcra_previous, &[Check::new(key.bind(&s.gcra_first))]).await,
             Workload::Gcra2 => {
@@ -343,6 +361,13 @@ fn main() {
             second: policy("second"),
             gcra_first: gcra_policy("first"),
             gcra_second: gcra_policy("second"),
+            exhausted: FixedWindowPolicy::new(
+                PolicyId::new("bench").expect("id"),
+                ScopeId::new("exhausted").expect("scope"),
+                1,
+                Duration::from_secs(3_600),
+            )
+            .expect("exhausted policy"),
         });
         // The floor's rows: every key the tasks use, stored before the run.
         let max_tasks = CONCURRENCY.into_iter().max().unwrap_or(1);
@@ -396,6 +421,8 @@ fn main() {
                 Workload::GcraPrevious,
                 Workload::Gcra2,
                 Workload::Gcra2Previous,
+                Workload::Denied,
+                Workload::DeniedPrevious,
             ] {
                 let measured = measure(
                     workload,
