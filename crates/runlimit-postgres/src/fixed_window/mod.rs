@@ -172,6 +172,20 @@ fn decide(
     Ok(Plan::of(&precedence, allowances, writes))
 }
 
+/// The shards, ascending and distinct, of the checks whose key has no stored counter: the
+/// ledger rows the reserve phase locks.
+fn missing_shards(specs: &[Spec], stored: &[Option<StoredCounter>]) -> Vec<i16> {
+    let mut shards: Vec<i16> = specs
+        .iter()
+        .zip(stored)
+        .filter(|(_, counter)| counter.is_none())
+        .map(|(spec, _)| i16::from(spec.shard))
+        .collect();
+    shards.sort_unstable();
+    shards.dedup();
+    shards
+}
+
 /// Parses the reserve rows (statement 0 of `output`) into the ledger counts of `requested`.
 fn parse_reserve(output: &ScriptOutput, requested: &[i16]) -> Result<[Option<i64>; 256], CheckError> {
     let phase = CheckPhase::Reserve;
@@ -241,14 +255,7 @@ async fn evaluate(
     })?;
     let mut now_us = clock_sample(&output, preflight, "now_us", CheckPhase::Preflight)?;
 
-    let mut missing_shards: Vec<i16> = specs
-        .iter()
-        .zip(&stored)
-        .filter(|(_, counter)| counter.is_none())
-        .map(|(spec, _)| i16::from(spec.shard))
-        .collect();
-    missing_shards.sort_unstable();
-    missing_shards.dedup();
+    let missing_shards = missing_shards(specs, &stored);
     let mut ledger = [None; 256];
     let mut phase = CheckPhase::Preflight;
     if !missing_shards.is_empty() {
@@ -326,14 +333,7 @@ async fn evaluate_calls(
     )?;
     let mut now_us: i64 = column(row, "now_us", phase)?;
 
-    let mut missing_shards: Vec<i16> = specs
-        .iter()
-        .zip(&stored)
-        .filter(|(_, counter)| counter.is_none())
-        .map(|(spec, _)| i16::from(spec.shard))
-        .collect();
-    missing_shards.sort_unstable();
-    missing_shards.dedup();
+    let missing_shards = missing_shards(specs, &stored);
     let mut ledger = [None; 256];
     let mut phase = CheckPhase::Preflight;
     if !missing_shards.is_empty() {
