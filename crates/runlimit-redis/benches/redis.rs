@@ -28,7 +28,10 @@
 //!   and dropped).
 //!
 //! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency, and
-//! `RUNLIMIT_BENCH_WORKLOADS=baseline,fixed` to the workloads named (for profiling one). Then it fills a fresh
+//! `RUNLIMIT_BENCH_WORKLOADS=baseline,fixed` to the workloads named (for profiling one). At 8
+//! tasks it then measures `RUNLIMIT_BENCH_ROUNDS` (default 6) more pairs, the baseline then a
+//! fixed-window check, and judges the 0.7x target on the median ratio of all the pairs: client
+//! and server share a small machine's cores, so one pair moves with whatever else runs. Then it fills a fresh
 //! limiter with 1,000,000 distinct keys (`RUNLIMIT_BENCH_KEYS` to change) and reports the
 //! server's `used_memory` growth per live key.
 
@@ -359,8 +362,35 @@ fn main() {
             }
         }
         if let Some((_, _, ratio, versus)) = summary.iter().find(|(tasks, workload, _, _)| *tasks == 8 && *workload == Workload::Fixed) {
-            let verdict = if *ratio >= 0.7 { "meets" } else { "misses" };
-            println!("\nfixed single check at 8 tasks: {ratio:.2}x the baseline ({verdict} the 0.7x target)");
+            // On a small machine the client and the server share the cores, and one pair of
+            // measurements moves with whatever else runs: the target is judged on the median
+            // of the table's pair and `rounds` more pairs, each baseline then check.
+            let rounds: usize =
+                std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+            let mut ratios = vec![*ratio];
+            if workloads.contains(&Workload::Baseline) {
+                for round in 1..=rounds {
+                    let duration = Duration::from_secs(seconds);
+                    let (baseline, _) = measure(Workload::Baseline, 8, &setup, duration).await;
+                    let (fixed, _) = measure(Workload::Fixed, 8, &setup, duration).await;
+                    println!("round {round} at 8 tasks: baseline {baseline:.0}/s, fixed {fixed:.0}/s, {:.2}x", fixed / baseline);
+                    ratios.push(fixed / baseline);
+                }
+            }
+            ratios.sort_by(f64::total_cmp);
+            let median = if ratios.len() % 2 == 1 {
+                ratios[ratios.len() / 2]
+            } else {
+                (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
+            };
+            let verdict = if median >= 0.7 { "meets" } else { "misses" };
+            println!(
+                "\nfixed single check at 8 tasks: median {median:.2}x the baseline over {} alternating pairs \
+                 (from {:.2}x to {:.2}x; {verdict} the 0.7x target)",
+                ratios.len(),
+                ratios[0],
+                ratios[ratios.len() - 1]
+            );
             if let Some(versus) = versus {
                 let verdict = if *versus >= 10.0 { "meets" } else { "misses" };
                 println!("fixed single check at 8 tasks: {versus:.1}x PostgresLimiter ({verdict} the 10x target)");
