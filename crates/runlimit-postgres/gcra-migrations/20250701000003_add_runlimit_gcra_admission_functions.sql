@@ -16,15 +16,16 @@
 -- not touch exactly the planned rows raises SQLSTATE P0004 (assert_failure) before the caller
 -- can commit.
 
--- The transaction-local statement_timeout and lock_timeout (milliseconds); then the ledger
--- rows of the shards, FOR UPDATE in the given (ascending) order; then, in a statement of its
+-- Called after the transaction-local statement_timeout and lock_timeout are set, in a statement
+-- of their own (PostgreSQL arms statement_timeout when a statement starts, so it then bounds
+-- this call as a whole). Locks the ledger rows of the shards, FOR UPDATE in the given
+-- (ascending) order; then, in a statement of its
 -- own (so its READ COMMITTED snapshot is taken after those locks and sees what their previous
 -- holders committed), the stored arrival times of the keys; then the clock sample in whole
 -- milliseconds since the Unix epoch, floor(extract(epoch from clock_timestamp()) * 1000).
 -- row_counts[i] and watermarks_ms[i] belong to shards[i] (null when the shard has no ledger
 -- row); tat_ms[j] and tat_remainder[j] belong to key j (null when it has no row).
 CREATE FUNCTION public.runlimit_gcra_lock_read(
-    timeout_ms bigint,
     shards smallint[],
     counter_keys text,
     OUT row_counts integer[],
@@ -37,7 +38,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    applied text;
     shard_index smallint;
     found_count integer;
     found_watermark bigint;
@@ -46,13 +46,14 @@ DECLARE
     found_ms bigint;
     found_remainder bigint;
 BEGIN
-    IF timeout_ms IS NULL OR timeout_ms < 1 OR timeout_ms > 2147483647 OR shards IS NULL
-        OR counter_keys IS NULL OR pg_catalog.length(counter_keys) = 0
+    IF shards IS NULL OR counter_keys IS NULL OR pg_catalog.length(counter_keys) = 0
         OR pg_catalog.length(counter_keys) % 128 <> 0 THEN
         RAISE EXCEPTION 'runlimit: invalid gcra lock arguments' USING ERRCODE = '22023';
     END IF;
-    applied := pg_catalog.set_config('statement_timeout', timeout_ms::text, true);
-    applied := pg_catalog.set_config('lock_timeout', timeout_ms::text, true);
+    keys := pg_catalog.decode(counter_keys, 'hex');
+    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys) THEN
+        RAISE EXCEPTION 'runlimit: invalid gcra lock arguments' USING ERRCODE = '22023';
+    END IF;
     row_counts := '{}';
     watermarks_ms := '{}';
     FOREACH shard_index IN ARRAY shards LOOP
@@ -63,7 +64,6 @@ BEGIN
         row_counts := row_counts || found_count;
         watermarks_ms := watermarks_ms || found_watermark;
     END LOOP;
-    keys := pg_catalog.decode(counter_keys, 'hex');
     tat_ms := '{}';
     tat_remainder := '{}';
     FOR position IN 0 .. pg_catalog.length(keys) / 64 - 1 LOOP
@@ -113,7 +113,8 @@ BEGIN
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     checks := pg_catalog.length(keys) / 64;
-    IF pg_catalog.cardinality(inserts) IS DISTINCT FROM checks
+    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys)
+        OR pg_catalog.cardinality(inserts) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(tat_ms) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(tat_remainder) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(expires_at_ms) IS DISTINCT FROM checks THEN

@@ -74,6 +74,9 @@ BEGIN
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     checks := pg_catalog.length(keys) / 64;
+    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys) THEN
+        RAISE EXCEPTION 'runlimit: invalid fixed-window counter keys' USING ERRCODE = '22023';
+    END IF;
     IF pg_catalog.cardinality(costs) IS DISTINCT FROM checks THEN
         RAISE EXCEPTION 'runlimit: invalid fixed-window costs' USING ERRCODE = '22023';
     END IF;
@@ -91,11 +94,19 @@ BEGIN
         RETURNING w.used - cost, w.window_expires_at
         INTO found_used, found_expires;
         IF NOT FOUND THEN
-            -- No row, or an increment past bigint: lock and read the row unchanged, if any.
+            -- No row, or an increment past bigint: lock and read the row, if any. A row this
+            -- read finds whose increment fits (committed by a writer that bypassed the key's
+            -- advisory lock between the two statements) is incremented now, under its row lock,
+            -- so every increment that fits is made.
             SELECT w.used, w.window_expires_at INTO found_used, found_expires
             FROM public.runlimit_fixed_windows AS w
             WHERE w.counter_key = key
             FOR NO KEY UPDATE OF w;
+            IF found_used <= 9223372036854775807 - cost THEN
+                UPDATE public.runlimit_fixed_windows AS w
+                SET used = w.used + cost
+                WHERE w.counter_key = key;
+            END IF;
         END IF;
         used := used || found_used;
         expires_us := expires_us || (EXTRACT(EPOCH FROM found_expires) * 1000000)::bigint;
@@ -167,7 +178,8 @@ BEGIN
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     checks := pg_catalog.length(keys) / 64;
-    IF pg_catalog.cardinality(renew) IS DISTINCT FROM checks
+    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys)
+        OR pg_catalog.cardinality(renew) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(costs) IS DISTINCT FROM checks
         OR pg_catalog.cardinality(window_ms) IS DISTINCT FROM checks THEN
         RAISE EXCEPTION 'runlimit: invalid fixed-window write arguments' USING ERRCODE = '22023';

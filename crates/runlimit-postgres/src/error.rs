@@ -13,10 +13,15 @@ use runlimit_core::{BatchError, ConsumptionStatus};
 /// | phase | statement |
 /// |---|---|
 /// | [`Begin`](Self::Begin) | `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` |
-/// | [`Lock`](Self::Lock) | the transaction-local `statement_timeout`, `lock_timeout` and `search_path`, then `pg_catalog.pg_advisory_xact_lock(bigint)` for every key in ascending lock-id order |
-/// | [`Preflight`](Self::Preflight) | reads and row-locks (`FOR NO KEY UPDATE`) the batch's counter rows, then samples `pg_catalog.clock_timestamp()` |
-/// | [`Reserve`](Self::Reserve) | locks the capacity ledger rows of the new keys' shards in ascending order, reads their row counts, samples the clock again |
-/// | [`Update`](Self::Update) | increments, re-anchors and inserts the counters of an allowed batch, verifying its row counts |
+/// | [`Lock`](Self::Lock) | the transaction-local `statement_timeout` and `lock_timeout`, then `pg_catalog.pg_advisory_xact_lock(bigint)` for every key in ascending lock-id order (`public.runlimit_fixed_window_lock`) |
+/// | [`Preflight`](Self::Preflight) | row-locks (`FOR NO KEY UPDATE`) the batch's stored counters by adding each check's cost provisionally, reads them as they were, then samples `pg_catalog.clock_timestamp()` (`public.runlimit_fixed_window_preflight`) |
+/// | [`Reserve`](Self::Reserve) | locks the capacity ledger rows of the new keys' shards in ascending order, reads their row counts, samples the clock again (`public.runlimit_fixed_window_reserve`) |
+/// | [`Update`](Self::Update) | re-anchors expired counters and inserts new ones of an allowed batch, verifying its row counts (`public.runlimit_fixed_window_write`); absent when every check is an in-window increment, which the preflight made |
+///
+/// [`PostgresGcraLimiter`](crate::PostgresGcraLimiter) reports its transaction-local settings in
+/// [`Begin`](Self::Begin), the ledger row locks of its shards and the read of the arrival times
+/// that follows them (one call, `public.runlimit_gcra_lock_read`) in [`Lock`](Self::Lock), and
+/// its writes (`public.runlimit_gcra_write`) in [`Update`](Self::Update).
 ///
 /// A timeout reported by PostgreSQL (its `lock_timeout` or `statement_timeout`) names the
 /// statement that waited. PostgreSQL sends a round trip's results together, so a timeout the

@@ -8,7 +8,9 @@
 //!
 //! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
 //!    `SELECT public.runlimit_fixed_window_lock(..)` (the transaction-local `statement_timeout`
-//!    and `lock_timeout`, then every advisory lock in ascending order) and
+//!    and `lock_timeout`, then every advisory lock in ascending order, each wait bounded by
+//!    `lock_timeout`; `statement_timeout`, armed when a statement starts, bounds the statements
+//!    after this one, as with the statements of earlier releases) and
 //!    `SELECT * FROM public.runlimit_fixed_window_preflight(..)`: every stored counter
 //!    row-locked by adding the check's cost to it provisionally, the counters as they were
 //!    before, and the clock sample taken after those row locks;

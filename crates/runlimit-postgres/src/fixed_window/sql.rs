@@ -52,8 +52,9 @@ const RESET_SQL: &str = include_str!("../sql/fixed_window_reset.sql");
 
 /// The transaction-local settings, then the advisory locks of `lock_ids` in the given
 /// (ascending) order, as one single-row statement. PostgreSQL evaluates a target list left to
-/// right, so the timeouts are in force before the first lock wait; a target list without a
-/// `FROM` clause is also the cheapest statement to plan.
+/// right, so `lock_timeout` bounds every lock wait of this statement (each on its own);
+/// `statement_timeout` is armed when a statement starts, so it bounds the statements after
+/// this one. A target list without a `FROM` clause is also the cheapest statement to plan.
 pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
     let locks: Vec<String> =
         lock_ids.iter().map(|id| format!("pg_catalog.pg_advisory_xact_lock({id})")).collect();

@@ -2,15 +2,16 @@
 //! `20250701000003_add_runlimit_gcra_admission_functions`, sent through
 //! [`crate::script::run`] as simple-query round trips.
 //!
-//! # Two round trips, four statements
+//! # Two round trips, five statements
 //!
-//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` and
-//!    `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the transaction-local
-//!    `statement_timeout` and `lock_timeout`, the ledger rows of every shard the batch touches
-//!    (`FOR UPDATE`, ascending shard order), then, in a statement of its own inside the
-//!    function (so its `READ COMMITTED` snapshot is taken after the locks), the stored arrival
-//!    times, and the whole-millisecond clock sample. Only the ledger locks can wait, so a
-//!    failure of this statement is reported in the lock phase.
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, the transaction-local
+//!    `statement_timeout`, `lock_timeout` and `search_path` (a statement of their own, so
+//!    `statement_timeout` is armed when the next statement starts and bounds all its lock waits
+//!    together), and `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the ledger rows of
+//!    every shard the batch touches (`FOR UPDATE`, ascending shard order), then, in a statement
+//!    of its own inside the function (so its `READ COMMITTED` snapshot is taken after the
+//!    locks), the stored arrival times, and the whole-millisecond clock sample. Only the ledger
+//!    locks can wait, so a failure of this statement is reported in the lock phase.
 //! 2. `SELECT public.runlimit_gcra_write(..)` (advance the watermarks of the locked shards,
 //!    update and insert the rows, verify the row counts) and `COMMIT`, or just `ROLLBACK`
 //!    after a denial.
@@ -26,14 +27,13 @@ use crate::{
     script::{array_literal, hex_keys},
 };
 
-/// `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the timeouts (`timeout_ms`
-/// milliseconds), the ledger rows of `shards` (ascending, distinct), then the stored arrival
-/// times of `keys` and the clock sample. One row: `row_counts` and `watermarks_ms` with one
+/// `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the ledger rows of `shards` (ascending,
+/// distinct), then the stored arrival times of `keys` and the clock sample. One row: `row_counts` and `watermarks_ms` with one
 /// element per shard, `tat_ms` and `tat_remainder` with one per key (null without a row), and
 /// `now_ms`.
-pub(crate) fn lock_read(timeout_ms: u128, shards: &[i16], keys: &[[u8; 64]]) -> String {
+pub(crate) fn lock_read(shards: &[i16], keys: &[[u8; 64]]) -> String {
     format!(
-        "SELECT * FROM public.runlimit_gcra_lock_read({timeout_ms}::bigint, {}::smallint[], '{}'::pg_catalog.text);\n",
+        "SELECT * FROM public.runlimit_gcra_lock_read({}::smallint[], '{}'::pg_catalog.text);\n",
         array_literal(shards),
         hex_keys(keys)
     )
@@ -63,9 +63,9 @@ mod tests {
     fn renders_calls_of_exact_types() {
         let key = [0xAB; 64];
         assert_eq!(
-            lock_read(70, &[0, 7, 255], &[key]),
+            lock_read(&[0, 7, 255], &[key]),
             format!(
-                "SELECT * FROM public.runlimit_gcra_lock_read(70::bigint, '{{0,7,255}}'::smallint[], \
+                "SELECT * FROM public.runlimit_gcra_lock_read('{{0,7,255}}'::smallint[], \
                  '{}'::pg_catalog.text);\n",
                 "ab".repeat(64)
             )

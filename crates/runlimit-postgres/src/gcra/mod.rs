@@ -238,8 +238,8 @@ async fn evaluate(
     Ok((plan, now_ms))
 }
 
-/// [`evaluate`] through the admission functions (see [`calls`]): begin and the lock-and-read
-/// call in one round trip, then the decision.
+/// [`evaluate`] through the admission functions (see [`calls`]): begin, the settings and the
+/// lock-and-read call in one round trip, then the decision.
 async fn evaluate_calls(
     connection: &mut PgConnection,
     deadline: Deadline,
@@ -250,8 +250,9 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
     let mut sql = script::begin().to_owned();
-    sql.push_str(&calls::lock_read(config.server_timeout_millis(), shards, keys));
-    let lock_statement = script::BEGIN_STATEMENTS;
+    sql.push_str(&script::settings(config.server_timeout_millis()));
+    sql.push_str(&calls::lock_read(shards, keys));
+    let lock_statement = script::BEGIN_STATEMENTS + 1;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.push(CheckPhase::Lock);
     let output = script::run(connection, sql, deadline)

@@ -367,11 +367,36 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
     assert_eq!(used, [Some(4), None]);
     assert_eq!(expires_us, [Some(61_000_000), None]);
     // That statement autocommitted its increment: 4 + 3.
-    let stored: i64 = sqlx::query_scalar("SELECT used FROM public.runlimit_fixed_windows")
-        .fetch_one(&mut connection)
-        .await
-        .unwrap();
+    let stored: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT used FROM public.runlimit_fixed_windows WHERE counter_key = pg_catalog.decode('{key}', 'hex')"
+    )))
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
     assert_eq!(stored, 7);
+    // An increment past bigint is not made: the counter is read (and row-locked) unchanged.
+    let full = "ef".repeat(64);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT public.runlimit_fixed_window_write(1000000::bigint, '{full}'::pg_catalog.text, \
+         '{{false}}'::boolean[], '{{9223372036854775806}}'::bigint[], '{{60000}}'::bigint[]); COMMIT;"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let (used,): (Vec<Option<i64>>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT used FROM public.runlimit_fixed_window_preflight('{full}'::pg_catalog.text, '{{5}}'::bigint[])"
+    )))
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert_eq!(used, [Some(9_223_372_036_854_775_806)]);
+    let stored: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT used FROM public.runlimit_fixed_windows WHERE counter_key = pg_catalog.decode('{full}', 'hex')"
+    )))
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert_eq!(stored, 9_223_372_036_854_775_806);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.runlimit_gcra")
         .fetch_one(&mut connection)
         .await

@@ -355,6 +355,7 @@ const FIXED_LOCK: &str = "SELECT public.runlimit_fixed_window_lock(";
 const FIXED_PREFLIGHT: &str = "SELECT * FROM public.runlimit_fixed_window_preflight(";
 const FIXED_RESERVE: &str = "SELECT * FROM public.runlimit_fixed_window_reserve(";
 const FIXED_WRITE: &str = "SELECT public.runlimit_fixed_window_write(";
+const SETTINGS: &str = "SELECT pg_catalog.set_config('statement_timeout', ";
 const GCRA_LOCK_READ: &str = "SELECT * FROM public.runlimit_gcra_lock_read(";
 const GCRA_WRITE: &str = "SELECT public.runlimit_gcra_write(";
 const COMMIT: &str = "COMMIT";
@@ -416,10 +417,11 @@ async fn assert_stored(
 ///   new keys, whose write call carries only the new keys;
 /// * fixed window, keys stored, allowed: 2 round trips, 4 statements (`BEGIN`, lock call,
 ///   preflight call | `COMMIT`): the preflight's provisional increments are the writes;
-/// * GCRA, keys new, stored or both, allowed: 2 round trips, 4 statements (`BEGIN`, lock-and-read
-///   call | write call, `COMMIT`): the call locks the shards, there is no reserve;
-/// * a denied batch: 2 round trips, 4 statements for the fixed window (`BEGIN`, lock call,
-///   preflight call | `ROLLBACK`), 3 for GCRA (`BEGIN`, lock-and-read call | `ROLLBACK`).
+/// * GCRA, keys new, stored or both, allowed: 2 round trips, 5 statements (`BEGIN`, the
+///   settings, lock-and-read call | write call, `COMMIT`): the call locks the shards, there is
+///   no reserve;
+/// * a denied batch: 2 round trips, 4 statements (fixed window: `BEGIN`, lock call, preflight
+///   call | `ROLLBACK`; GCRA: `BEGIN`, settings, lock-and-read call | `ROLLBACK`).
 ///
 /// The preflight (lock-and-read) call carries the keys of the whole batch, as does the write
 /// call except for the fixed window's stored keys; the fixed window's stored counters are
@@ -522,16 +524,20 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         for what in ["new keys", "stored keys"] {
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
-            assert_script(&recording, &[&[BEGIN, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]], &context(what));
-            assert_eq!(recording.figures(), (2, 4), "{}", context(what));
-            assert_carries_keys(&recording, (0, 1), size, &context(what));
+            assert_script(
+                &recording,
+                &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]],
+                &context(what),
+            );
+            assert_eq!(recording.figures(), (2, 5), "{}", context(what));
+            assert_carries_keys(&recording, (0, 2), size, &context(what));
             assert_carries_keys(&recording, (1, 0), size, &context(what));
         }
         let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
         let decision = decision.unwrap();
         assert!(denied_first(&decision), "{decision:?}");
-        assert_script(&recording, &[&[BEGIN, GCRA_LOCK_READ], &[ROLLBACK]], &context("denied"));
-        assert_eq!(recording.figures(), (2, 3), "{}", context("denied"));
+        assert_script(&recording, &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[ROLLBACK]], &context("denied"));
+        assert_eq!(recording.figures(), (2, 4), "{}", context("denied"));
 
         if size > 1 {
             let mixed: Vec<_> =
@@ -541,9 +547,9 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed)).await;
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
             let what = context("stored and new keys");
-            assert_script(&recording, &[&[BEGIN, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]], &what);
-            assert_eq!(recording.figures(), (2, 4), "{what}");
-            assert_carries_keys(&recording, (0, 1), size, &what);
+            assert_script(&recording, &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]], &what);
+            assert_eq!(recording.figures(), (2, 5), "{what}");
+            assert_carries_keys(&recording, (0, 2), size, &what);
             assert_carries_keys(&recording, (1, 0), size, &what);
         }
     }
