@@ -32,8 +32,11 @@
 //! completed; `n/a` when the server's processes are not readable (a server on another host).
 //! Background processes (WAL writer, checkpointer) are not counted, for any row.
 //!
-//! `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. The bench creates (and
-//! drops) its own database `runlimit_pg_bench`. Without `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` it
+//! At 8 tasks it then measures `RUNLIMIT_BENCH_ROUNDS` (default 4) more sets of the floor,
+//! `single`, `gcra` and `batch2`, one after the other, and judges the targets on the median
+//! ratios to the floor over every set: on a small shared machine one measurement moves with
+//! whatever else runs. `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. The bench
+//! creates (and drops) its own database `runlimit_pg_bench`. Without `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` it
 //! prints a notice and exits successfully.
 
 use std::{
@@ -288,6 +291,17 @@ async fn measure(
     Measured { requests_per_second: requests / elapsed.as_secs_f64(), cpu_micros }
 }
 
+/// The median of `values` (sorted in place), or `None` when empty.
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[middle]),
+        _ => Some((values[middle - 1] + values[middle]) / 2.0),
+    }
+}
+
 fn verdict(met: bool) -> &'static str {
     if met { "meets" } else { "misses" }
 }
@@ -457,33 +471,71 @@ fn main() {
                 summary.push((tasks, workload, throughput_ratio, cpu_ratio));
             }
         }
-        let target = |workload: Workload, max_cpu: f64, min_throughput: Option<f64>| {
-            let Some((_, _, throughput, cpu)) =
-                summary.iter().find(|(tasks, row, _, _)| *tasks == 8 && *row == workload)
-            else {
-                return;
+        // On a small shared machine one measurement of a row moves with whatever else runs: at 8
+        // tasks, `rounds` more sets of the floor and the targeted rows, one after the other, and
+        // the targets judged on the median ratios of every set (the table's included).
+        let rounds: usize =
+            std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+        let targeted = [Workload::Single, Workload::Gcra, Workload::Batch2];
+        let mut ratios: Vec<(Workload, Vec<f64>, Vec<f64>)> = targeted
+            .iter()
+            .filter_map(|workload| {
+                let (_, _, throughput, cpu) =
+                    summary.iter().find(|(tasks, row, _, _)| *tasks == 8 && row == workload)?;
+                Some((*workload, vec![*throughput], cpu.iter().copied().collect()))
+            })
+            .collect();
+        if !ratios.is_empty() {
+            println!();
+            for round in 1..=rounds {
+                let duration = Duration::from_secs(seconds);
+                let warm_up = Duration::from_secs(1);
+                let floor = measure(Workload::Floor, 8, &pool, &setup, &pids, warm_up, duration).await;
+                let mut line = format!("round {round} at 8 tasks: floor {:.0}/s", floor.requests_per_second);
+                for (workload, throughputs, cpus) in &mut ratios {
+                    let measured = measure(*workload, 8, &pool, &setup, &pids, warm_up, duration).await;
+                    throughputs.push(measured.requests_per_second / floor.requests_per_second);
+                    if let Some((cpu, floor_cpu)) = measured.cpu_micros.zip(floor.cpu_micros) {
+                        cpus.push(cpu / floor_cpu);
+                    }
+                    line.push_str(&format!(
+                        ", {} {:.2}x throughput {}",
+                        workload.name(),
+                        measured.requests_per_second / floor.requests_per_second,
+                        measured.cpu_micros.zip(floor.cpu_micros).map_or_else(
+                            || "CPU n/a".to_owned(),
+                            |(cpu, floor)| format!("{:.2}x CPU", cpu / floor)
+                        )
+                    ));
+                }
+                println!("{line}");
+            }
+        }
+        println!();
+        for (workload, throughputs, cpus) in &mut ratios {
+            let (max_cpu, min_throughput) = match workload {
+                Workload::Batch2 => (2.0, None),
+                _ => (1.5, Some(0.75)),
             };
-            let cpu_text = cpu.map_or_else(
+            let cpu_text = median(cpus).map_or_else(
                 || "server CPU n/a".to_owned(),
                 |cpu| {
                     format!(
-                        "{cpu:.2}x the floor's server CPU ({} the {max_cpu}x target)",
+                        "median {cpu:.2}x the floor's server CPU over {} sets ({} the {max_cpu}x target)",
+                        cpus.len(),
                         verdict(cpu <= max_cpu)
                     )
                 },
             );
-            let throughput_text = min_throughput.map_or_else(String::new, |min| {
-                format!(
-                    ", {throughput:.2}x its throughput ({} the {min}x target)",
-                    verdict(*throughput >= min)
-                )
-            });
+            let throughput_text =
+                min_throughput.zip(median(throughputs)).map_or_else(String::new, |(min, throughput)| {
+                    format!(
+                        ", median {throughput:.2}x its throughput ({} the {min}x target)",
+                        verdict(throughput >= min)
+                    )
+                });
             println!("{} at 8 tasks: {cpu_text}{throughput_text}", workload.name());
-        };
-        println!();
-        target(Workload::Single, 1.5, Some(0.75));
-        target(Workload::Gcra, 1.5, Some(0.75));
-        target(Workload::Batch2, 2.0, None);
+        }
         pool.close().await;
         admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#)).await;
     });
