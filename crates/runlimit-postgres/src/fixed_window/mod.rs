@@ -231,15 +231,7 @@ async fn evaluate(
     let lock_statement = script::BEGIN_STATEMENTS;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let output = script::run(connection, sql, deadline)
-        .await
-        .map_err(|error| check_failure(error, &phases, timeout))?;
-    if output.affected.len() != phases.len() {
-        return Err(CheckError::MalformedResponse {
-            phase: CheckPhase::Preflight,
-            reason: "statement count differs",
-        });
-    }
+    let output = transaction::run_phases(connection, sql, deadline, &phases, timeout).await?;
     if output.only_row(lock_statement).is_none() {
         return Err(CheckError::MalformedResponse {
             phase: CheckPhase::Lock,
@@ -308,15 +300,7 @@ async fn evaluate_calls(
     let lock_statement = script::BEGIN_STATEMENTS;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let output = script::run(connection, sql, deadline)
-        .await
-        .map_err(|error| check_failure(error, &phases, timeout))?;
-    if output.affected.len() != phases.len() {
-        return Err(CheckError::MalformedResponse {
-            phase: CheckPhase::Preflight,
-            reason: "statement count differs",
-        });
-    }
+    let output = transaction::run_phases(connection, sql, deadline, &phases, timeout).await?;
     if output.only_row(lock_statement).is_none() {
         return Err(CheckError::MalformedResponse {
             phase: CheckPhase::Lock,

@@ -212,15 +212,8 @@ async fn evaluate(
     let lock_statement = script::BEGIN_STATEMENTS + 1;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let output = script::run(connection, sql, deadline)
-        .await
-        .map_err(|error| check_failure(error, &phases, config.operation_timeout()))?;
-    if output.affected.len() != phases.len() {
-        return Err(CheckError::MalformedResponse {
-            phase: CheckPhase::Preflight,
-            reason: "statement count differs",
-        });
-    }
+    let output =
+        transaction::run_phases(connection, sql, deadline, &phases, config.operation_timeout()).await?;
     let ledger = parse_ledger(&output, lock_statement, shards)?;
     let read = lock_statement + 1;
     let phase = CheckPhase::Preflight;
@@ -255,15 +248,8 @@ async fn evaluate_calls(
     let lock_statement = script::BEGIN_STATEMENTS + 1;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.push(CheckPhase::Lock);
-    let output = script::run(connection, sql, deadline)
-        .await
-        .map_err(|error| check_failure(error, &phases, config.operation_timeout()))?;
-    if output.affected.len() != phases.len() {
-        return Err(CheckError::MalformedResponse {
-            phase: CheckPhase::Preflight,
-            reason: "statement count differs",
-        });
-    }
+    let output =
+        transaction::run_phases(connection, sql, deadline, &phases, config.operation_timeout()).await?;
     let phase = CheckPhase::Lock;
     let row = output
         .only_row(lock_statement)
