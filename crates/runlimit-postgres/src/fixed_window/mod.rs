@@ -50,6 +50,15 @@ pub(crate) fn lock_id(counter_key: &[u8; 64]) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The advisory-lock ids of `keys`, ascending and distinct: the order every admission locks
+/// them in.
+fn lock_ids(keys: &[[u8; 64]]) -> Vec<i64> {
+    let mut ids: Vec<i64> = keys.iter().map(lock_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 /// The capacity shard of a counter key: byte 32, the first byte of the subject key. Must match
 /// the generated column `capacity_shard` of the cardinality migration.
 pub(crate) fn shard_of(counter_key: &[u8; 64]) -> u8 {
@@ -220,9 +229,7 @@ async fn evaluate(
     mode: QuotaMode,
 ) -> Result<(Plan<Write>, i64), CheckError> {
     let timeout = config.operation_timeout();
-    let mut lock_ids: Vec<i64> = keys.iter().map(lock_id).collect();
-    lock_ids.sort_unstable();
-    lock_ids.dedup();
+    let lock_ids = lock_ids(keys);
 
     // One round trip: BEGIN, the settings and locks, the preflight with its clock sample.
     let mut sql = script::begin().to_owned();
@@ -289,9 +296,7 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<Write>, i64), CheckError> {
     let timeout = config.operation_timeout();
-    let mut lock_ids: Vec<i64> = keys.iter().map(lock_id).collect();
-    lock_ids.sort_unstable();
-    lock_ids.dedup();
+    let lock_ids = lock_ids(keys);
 
     let mut sql = script::begin().to_owned();
     sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids));
