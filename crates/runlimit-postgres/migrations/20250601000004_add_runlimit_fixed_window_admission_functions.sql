@@ -3,13 +3,14 @@
 --
 -- PL/pgSQL keeps the plans of the statements inside a function for the whole session, so an
 -- admission that calls these functions parses and plans the table statements once per
--- connection instead of once per admission; what remains per admission is the small call
--- statement. The functions take the same locks in the same order as the statements earlier
--- releases send (advisory locks ascending, then the counter rows FOR NO KEY UPDATE, the ledger
--- rows FOR UPDATE ascending), commit the same rows and sample the same clock, so replicas of
--- both releases can share the tables during a rolling deploy. The preflight row-locks a stored
--- counter by incrementing it provisionally, so an allowed in-window increment, the common
--- admission, commits without a write statement of its own.
+-- connection instead of once per admission. The common admission (every key stored, every
+-- increment in its window) needs neither function: it runs statements Runlimit prepares on
+-- each connection. These functions serve the rest: keys without a stored counter (the
+-- capacity ledger) and windows that ended (re-anchoring). They take the same locks in the same
+-- order as the statements earlier releases send (advisory locks ascending, then the counter
+-- rows FOR NO KEY UPDATE, the ledger rows FOR UPDATE ascending), commit the same rows and
+-- sample the same clock, so replicas of both releases can share the tables during a rolling
+-- deploy.
 --
 -- Each function is SECURITY INVOKER (it runs with the caller's privileges), pins
 -- search_path = pg_catalog, pg_temp and names every object schema-qualified. Counter keys are
@@ -18,43 +19,21 @@
 -- not touch exactly the planned rows raises SQLSTATE P0004 (assert_failure) before the caller
 -- can commit.
 
--- The transaction-local statement_timeout and lock_timeout (milliseconds), then the
--- transaction-level advisory locks of lock_ids in the given (ascending) order.
-CREATE FUNCTION public.runlimit_fixed_window_lock(timeout_ms bigint, lock_ids bigint[])
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    lock_id bigint;
-    applied text;
-BEGIN
-    IF timeout_ms IS NULL OR timeout_ms < 1 OR timeout_ms > 2147483647 OR lock_ids IS NULL THEN
-        RAISE EXCEPTION 'runlimit: invalid fixed-window lock arguments' USING ERRCODE = '22023';
-    END IF;
-    applied := pg_catalog.set_config('statement_timeout', timeout_ms::text, true);
-    applied := pg_catalog.set_config('lock_timeout', timeout_ms::text, true);
-    FOREACH lock_id IN ARRAY lock_ids LOOP
-        PERFORM pg_catalog.pg_advisory_xact_lock(lock_id);
-    END LOOP;
-END
-$$;
-
--- Row-locks the stored counters of the keys, in order, by adding costs[i] to the counter of
--- key i provisionally (an UPDATE takes the same FOR NO KEY UPDATE row lock a locking read
--- takes), then samples the clock after those row locks. used[i] and expires_us[i] (the window
--- end in microseconds since the Unix epoch) are the counter of key i as it was before the
--- increment, null when the key has no row; now_us is the clock sample in microseconds since
--- the Unix epoch. The caller decides from these values: it commits only when every check is
--- allowed and an increment of costs[i] is what check i writes (a counter whose window ended
--- is re-anchored by runlimit_fixed_window_write first), and rolls back otherwise, which undoes
--- the increments. An increment that would overflow bigint is not made (such a check can never
--- be allowed); that counter is row-locked by a locking read instead.
-CREATE FUNCTION public.runlimit_fixed_window_preflight(
+-- For the keys the provisional increments of the preflight did not find: row-locks each stored
+-- counter (FOR NO KEY UPDATE, in the given order) and adds costs[i] to the counter of key i
+-- provisionally when that stays within bigint, as the preflight does; then locks (FOR UPDATE, in
+-- the given ascending order) and reads the capacity ledger rows of the shards; then samples the
+-- clock after all those locks. used[i] and expires_us[i] (the window end in microseconds since
+-- the Unix epoch) are the counter of key i as it was before any increment, null when the key
+-- has no row; row_counts[i] belongs to shards[i] and is null when the shard has no ledger row;
+-- now_us is the clock sample in microseconds since the Unix epoch.
+CREATE FUNCTION public.runlimit_fixed_window_reserve(
     counter_keys text,
     costs bigint[],
+    shards smallint[],
     OUT used bigint[],
     OUT expires_us bigint[],
+    OUT row_counts integer[],
     OUT now_us bigint
 )
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
@@ -67,18 +46,17 @@ DECLARE
     cost bigint;
     found_used bigint;
     found_expires timestamp with time zone;
+    shard_index smallint;
+    found_count integer;
 BEGIN
-    IF counter_keys IS NULL OR pg_catalog.length(counter_keys) = 0
-        OR pg_catalog.length(counter_keys) % 128 <> 0 THEN
-        RAISE EXCEPTION 'runlimit: invalid fixed-window counter keys' USING ERRCODE = '22023';
+    IF counter_keys IS NULL OR pg_catalog.length(counter_keys) % 128 <> 0 OR shards IS NULL THEN
+        RAISE EXCEPTION 'runlimit: invalid fixed-window reserve arguments' USING ERRCODE = '22023';
     END IF;
     keys := pg_catalog.decode(counter_keys, 'hex');
     checks := pg_catalog.length(keys) / 64;
-    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys) THEN
-        RAISE EXCEPTION 'runlimit: invalid fixed-window counter keys' USING ERRCODE = '22023';
-    END IF;
-    IF pg_catalog.cardinality(costs) IS DISTINCT FROM checks THEN
-        RAISE EXCEPTION 'runlimit: invalid fixed-window costs' USING ERRCODE = '22023';
+    IF pg_catalog.length(keys) * 2 <> pg_catalog.length(counter_keys)
+        OR pg_catalog.cardinality(costs) IS DISTINCT FROM checks THEN
+        RAISE EXCEPTION 'runlimit: invalid fixed-window reserve arguments' USING ERRCODE = '22023';
     END IF;
     used := '{}';
     expires_us := '{}';
@@ -88,51 +66,18 @@ BEGIN
         IF cost IS NULL OR cost < 1 THEN
             RAISE EXCEPTION 'runlimit: invalid fixed-window cost' USING ERRCODE = '22023';
         END IF;
-        UPDATE public.runlimit_fixed_windows AS w
-        SET used = w.used + cost
-        WHERE w.counter_key = key AND w.used <= 9223372036854775807 - cost
-        RETURNING w.used - cost, w.window_expires_at
-        INTO found_used, found_expires;
-        IF NOT FOUND THEN
-            -- No row, or an increment past bigint: lock and read the row, if any. A row this
-            -- read finds whose increment fits (committed by a writer that bypassed the key's
-            -- advisory lock between the two statements) is incremented now, under its row lock,
-            -- so every increment that fits is made.
-            SELECT w.used, w.window_expires_at INTO found_used, found_expires
-            FROM public.runlimit_fixed_windows AS w
-            WHERE w.counter_key = key
-            FOR NO KEY UPDATE OF w;
-            IF found_used <= 9223372036854775807 - cost THEN
-                UPDATE public.runlimit_fixed_windows AS w
-                SET used = w.used + cost
-                WHERE w.counter_key = key;
-            END IF;
+        SELECT w.used, w.window_expires_at INTO found_used, found_expires
+        FROM public.runlimit_fixed_windows AS w
+        WHERE w.counter_key = key
+        FOR NO KEY UPDATE OF w;
+        IF found_used <= 9223372036854775807 - cost THEN
+            UPDATE public.runlimit_fixed_windows AS w
+            SET used = w.used + cost
+            WHERE w.counter_key = key;
         END IF;
         used := used || found_used;
         expires_us := expires_us || (EXTRACT(EPOCH FROM found_expires) * 1000000)::bigint;
     END LOOP;
-    now_us := (EXTRACT(EPOCH FROM pg_catalog.clock_timestamp()) * 1000000)::bigint;
-END
-$$;
-
--- Locks (FOR UPDATE, in the given ascending order) and reads the capacity ledger rows of the
--- shards, then samples the clock after those locks. row_counts[i] belongs to shards[i] and is
--- null when the shard has no ledger row; now_us as in runlimit_fixed_window_preflight.
-CREATE FUNCTION public.runlimit_fixed_window_reserve(
-    shards smallint[],
-    OUT row_counts integer[],
-    OUT now_us bigint
-)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    shard_index smallint;
-    found_count integer;
-BEGIN
-    IF shards IS NULL THEN
-        RAISE EXCEPTION 'runlimit: invalid fixed-window shards' USING ERRCODE = '22023';
-    END IF;
     row_counts := '{}';
     FOREACH shard_index IN ARRAY shards LOOP
         SELECT l.row_count INTO found_count

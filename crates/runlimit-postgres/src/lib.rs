@@ -106,6 +106,7 @@ mod gcra;
 mod migrations;
 mod observe;
 pub mod operations;
+mod prepared;
 mod script;
 mod store;
 mod transaction;

@@ -1,4 +1,5 @@
-//! The fixed-window admission protocol: calls to the functions of migration
+//! The fixed-window admission protocol: statements prepared on each connection (see
+//! [`crate::prepared`]) and calls to the functions of migration
 //! `20250601000004_add_runlimit_fixed_window_admission_functions`, sent through
 //! [`crate::script::run`] as simple-query round trips.
 //!
@@ -6,14 +7,17 @@
 //!
 //! An admission is two round trips whatever the batch size:
 //!
-//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
-//!    `SELECT public.runlimit_fixed_window_lock(..)` (the transaction-local `statement_timeout`
-//!    and `lock_timeout`, then every advisory lock in ascending order, each wait bounded by
-//!    `lock_timeout`; `statement_timeout`, armed when a statement starts, bounds the statements
-//!    after this one, as with the statements of earlier releases) and
-//!    `SELECT * FROM public.runlimit_fixed_window_preflight(..)`: every stored counter
-//!    row-locked by adding the check's cost to it provisionally, the counters as they were
-//!    before, and the clock sample taken after those row locks;
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, `EXECUTE runlimit_fixed_window_lock_v1`
+//!    (the transaction-local `statement_timeout`, `lock_timeout` and
+//!    `plan_cache_mode = force_generic_plan`, then every advisory lock in ascending order, each
+//!    wait bounded by `lock_timeout`; `statement_timeout`, armed when a statement starts,
+//!    bounds the statements after this one, as with the statements of earlier releases) and
+//!    `EXECUTE runlimit_fixed_window_preflight_one_v1` (one check) or
+//!    `.._preflight_batch_v1` (more): one `UPDATE` that row-locks every stored counter whose
+//!    increment stays within `bigint` by adding the check's cost to it provisionally, and
+//!    returns, per counter it incremented, the counter as it was before and a clock sample
+//!    taken after that row's lock. PostgreSQL updates the rows one at a time and returns them in
+//!    that order, so the sample of the last row is taken after every row lock;
 //! 2. `COMMIT` when every check is allowed and every write is such an in-window increment (the
 //!    common admission: four statements in all); `SELECT public.runlimit_fixed_window_write(..)`
 //!    (re-anchor the counters whose window ended, insert the new ones, verifying the row counts)
@@ -21,51 +25,106 @@
 //!    the provisional increments.
 //!
 //! An allowed increment commits exactly the provisional increment: the evaluator allows an
-//! in-window check only when `used + cost` stays within the limit, hence within `bigint`, and
-//! the preflight makes every increment that stays within `bigint`. A key without a row adds
-//! one round trip between them: `SELECT * FROM public.runlimit_fixed_window_reserve(..)` (the
-//! capacity ledger rows, locked, and a new clock sample taken after those locks).
+//! in-window check only when `used + cost` stays within the limit, hence within `bigint`. A key
+//! the preflight did not return (no row, or an increment past `bigint`) adds one round trip
+//! between them: `SELECT * FROM public.runlimit_fixed_window_reserve(..)` row-locks and reads
+//! those keys' counters (incrementing provisionally any whose increment fits, as the preflight
+//! does), locks the capacity ledger rows of their shards, and takes a new clock sample after
+//! all those locks.
 //!
-//! PL/pgSQL plans the statements inside the functions once per connection and keeps the plans;
-//! what PostgreSQL parses and plans per admission is only the call statements, a function name
-//! and literal arguments. The lock and preflight calls stay separate statements, each with its
-//! own `READ COMMITTED` snapshot, so a failure names its phase by the number of statements that
+//! What PostgreSQL parses and plans per admission is `BEGIN`, two `EXECUTE` statements (a name
+//! and literal arguments) and `COMMIT`: the table statements are planned once per connection.
+//! The lock and preflight stay separate statements, each with its own `READ COMMITTED`
+//! snapshot (the preflight's is taken after the advisory locks, so it sees what their previous
+//! holders committed), and a failure names its phase by the number of statements that
 //! completed, as in the statement protocol of earlier releases (`super::sql`), which takes the
-//! same locks in the same order and writes the same rows.
+//! same locks in the same order and writes the same rows. The order of the row locks within a
+//! batch is the order the `UPDATE` visits the rows: every admission row-locks a counter only
+//! while it holds that counter's advisory lock, so no two admissions wait on each other's row
+//! locks.
 //!
-//! Arguments are rendered as the functions' exact types: integers and booleans in array
-//! literals cast with SQL keywords (`'{1,2}'::bigint[]`), counter keys as hexadecimal digits
-//! cast to `pg_catalog.text`; every function name is schema-qualified. Nothing in a call
-//! resolves through `search_path`, no value is caller-supplied text, and no literal contains a
-//! backslash, so `standard_conforming_strings` does not matter.
+//! Arguments are rendered as exact types: integers and booleans in array literals cast with
+//! SQL keywords (`'{1,2}'::bigint[]`), counter keys as `pg_catalog.decode('<hex>', 'hex')` or
+//! as hexadecimal digits cast to `pg_catalog.text`; every function name is schema-qualified.
+//! Nothing in a statement resolves through `search_path`, no value is caller-supplied text,
+//! and no literal contains a backslash, so `standard_conforming_strings` does not matter.
 
-use crate::script::{array_literal, hex_keys};
+use crate::{
+    prepared::Prepared,
+    script::{array_literal, hex_keys, push_bytea},
+};
 
-/// `SELECT public.runlimit_fixed_window_lock(..)`: the timeouts (`timeout_ms` milliseconds),
-/// then the advisory locks of `lock_ids` in the given (ascending) order. One row.
+/// Sets the transaction-local timeouts (`$1`, milliseconds as text) and
+/// `plan_cache_mode = force_generic_plan`, then takes the advisory locks of `$2` in array
+/// order: one row.
+pub(crate) static LOCK: Prepared = Prepared {
+    name: "runlimit_fixed_window_lock_v1",
+    prepare: include_str!("../sql/fixed_window_prepare_lock.sql"),
+};
+
+/// The preflight of one key (`$1`, cost `$2`): a row `(ordinal = 1, used, expires_us,
+/// now_us)` when the key's counter is stored and its increment stays within `bigint`, else
+/// none.
+pub(crate) static PREFLIGHT_ONE: Prepared = Prepared {
+    name: "runlimit_fixed_window_preflight_one_v1",
+    prepare: include_str!("../sql/fixed_window_prepare_preflight_one.sql"),
+};
+
+/// The preflight of several keys (`$1`, costs `$2` in the same order): a row per counter it
+/// incremented, `ordinal` its key's 1-based position in `$1`, in the order the rows were
+/// updated.
+pub(crate) static PREFLIGHT_BATCH: Prepared = Prepared {
+    name: "runlimit_fixed_window_preflight_batch_v1",
+    prepare: include_str!("../sql/fixed_window_prepare_preflight_batch.sql"),
+};
+
+/// `EXECUTE runlimit_fixed_window_lock_v1(..)`: the timeouts (`timeout_ms` milliseconds), then
+/// the advisory locks of `lock_ids` in the given (ascending) order.
 pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
     format!(
-        "SELECT public.runlimit_fixed_window_lock({timeout_ms}::bigint, {}::bigint[]);\n",
+        "EXECUTE {}('{timeout_ms}'::pg_catalog.text, {}::bigint[]);\n",
+        LOCK.name,
         array_literal(lock_ids)
     )
 }
 
-/// `SELECT * FROM public.runlimit_fixed_window_preflight(..)` of `keys`, incrementing each
-/// stored counter provisionally by its check's cost (`costs[i]` for `keys[i]`): one row,
-/// `used` and `expires_us` with one element per key as stored before the increment (null
-/// without a row) and the clock sample `now_us`.
-pub(crate) fn preflight(keys: &[[u8; 64]], costs: &[u64]) -> String {
-    format!(
-        "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text, {}::bigint[]);\n",
-        hex_keys(keys),
-        array_literal(costs)
-    )
+/// The preflight of `keys` (`costs[i]` for `keys[i]`) and the statement it executes.
+pub(crate) fn preflight(keys: &[[u8; 64]], costs: &[u64]) -> (String, &'static Prepared) {
+    let mut sql = String::from("EXECUTE ");
+    match (keys, costs) {
+        ([key], [cost]) => {
+            sql.push_str(PREFLIGHT_ONE.name);
+            sql.push('(');
+            push_bytea(&mut sql, key);
+            sql.push_str(&format!(", {cost}::bigint);\n"));
+            (sql, &PREFLIGHT_ONE)
+        }
+        _ => {
+            sql.push_str(PREFLIGHT_BATCH.name);
+            sql.push_str("(ARRAY[");
+            for (index, key) in keys.iter().enumerate() {
+                if index > 0 {
+                    sql.push_str(", ");
+                }
+                push_bytea(&mut sql, key);
+            }
+            sql.push_str(&format!("]::pg_catalog.bytea[], {}::bigint[]);\n", array_literal(costs)));
+            (sql, &PREFLIGHT_BATCH)
+        }
+    }
 }
 
-/// `SELECT * FROM public.runlimit_fixed_window_reserve(..)` of `shards` (ascending): one row,
-/// `row_counts` with one element per shard and the clock sample `now_us`.
-pub(crate) fn reserve(shards: &[i16]) -> String {
-    format!("SELECT * FROM public.runlimit_fixed_window_reserve({}::smallint[]);\n", array_literal(shards))
+/// `SELECT * FROM public.runlimit_fixed_window_reserve(..)` of the keys the preflight did not
+/// return (`costs[i]` for `keys[i]`) and the ledger rows of `shards` (ascending): one row,
+/// `used` and `expires_us` with one element per key, `row_counts` one per shard, and the clock
+/// sample `now_us`.
+pub(crate) fn reserve(keys: &[[u8; 64]], costs: &[u64], shards: &[i16]) -> String {
+    format!(
+        "SELECT * FROM public.runlimit_fixed_window_reserve('{}'::pg_catalog.text, {}::bigint[], {}::smallint[]);\n",
+        hex_keys(keys),
+        array_literal(costs),
+        array_literal(shards)
+    )
 }
 
 /// `SELECT public.runlimit_fixed_window_write(..)`: per key `(renew, cost, window_ms)`, a
@@ -88,21 +147,40 @@ mod tests {
     #[test]
     fn renders_calls_of_exact_types() {
         let key = [0xAB; 64];
+        let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
         assert_eq!(
             lock(1_500, &[-5, 7]),
-            "SELECT public.runlimit_fixed_window_lock(1500::bigint, '{-5,7}'::bigint[]);\n"
+            "EXECUTE runlimit_fixed_window_lock_v1('1500'::pg_catalog.text, '{-5,7}'::bigint[]);\n"
         );
+        let (one, statement) = preflight(&[key], &[3]);
+        assert_eq!(one, format!("EXECUTE runlimit_fixed_window_preflight_one_v1({decoded}, 3::bigint);\n"));
+        assert_eq!(statement.name, PREFLIGHT_ONE.name);
+        let (batch, statement) = preflight(&[key, key], &[3, 1]);
         assert_eq!(
-            preflight(&[key], &[3]),
+            batch,
             format!(
-                "SELECT * FROM public.runlimit_fixed_window_preflight('{}'::pg_catalog.text, '{{3}}'::bigint[]);\n",
+                "EXECUTE runlimit_fixed_window_preflight_batch_v1(ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[], \
+                 '{{3,1}}'::bigint[]);\n"
+            )
+        );
+        assert_eq!(statement.name, PREFLIGHT_BATCH.name);
+        assert_eq!(
+            reserve(&[key], &[2], &[0, 255]),
+            format!(
+                "SELECT * FROM public.runlimit_fixed_window_reserve('{}'::pg_catalog.text, '{{2}}'::bigint[], \
+                 '{{0,255}}'::smallint[]);\n",
                 "ab".repeat(64)
             )
         );
-        assert_eq!(
-            reserve(&[0, 255]),
-            "SELECT * FROM public.runlimit_fixed_window_reserve('{0,255}'::smallint[]);\n"
-        );
+        for statement in [&LOCK, &PREFLIGHT_ONE, &PREFLIGHT_BATCH] {
+            assert!(
+                statement.prepare.starts_with(&format!("PREPARE {} (", statement.name)),
+                "{}",
+                statement.name
+            );
+            assert!(statement.prepare.trim_end().ends_with(';'), "{}", statement.name);
+            assert!(!statement.prepare.contains('\\'), "{}", statement.name);
+        }
         assert_eq!(
             write(&[key, key], &[(true, 3, 60_000), (false, 1, 5)], 17),
             format!(

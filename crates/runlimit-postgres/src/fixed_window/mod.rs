@@ -30,6 +30,7 @@ use crate::{
     config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
+    prepared,
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
     store::sealed::{Algorithm, Internal},
     transaction::{self, Plan, check_failure},
@@ -270,7 +271,7 @@ async fn evaluate(
     Ok((plan, now_us.div_euclid(1_000) * 1_000))
 }
 
-/// Pairs the per-check `used` and `expires_us` arrays of the preflight call.
+/// Pairs the per-key `used` and `expires_us` arrays of the reserve call.
 fn stored_counters(
     used: Vec<Option<i64>>,
     expires_us: Vec<Option<i64>>,
@@ -280,13 +281,14 @@ fn stored_counters(
         .map(|pair| match pair {
             (Some(used), Some(expires_us)) => Ok(Some(StoredCounter { used, expires_us })),
             (None, None) => Ok(None),
-            _ => Err(malformed(CheckPhase::Preflight)("a counter without its window end")),
+            _ => Err(malformed(CheckPhase::Reserve)("a counter without its window end")),
         })
         .collect()
 }
 
-/// [`evaluate`] through the admission functions (see [`calls`]): begin, lock and preflight in
-/// one round trip, the reserve call in a second when a key has no row, then the decision.
+/// [`evaluate`] through the prepared statements and admission functions (see [`calls`]):
+/// begin, lock and preflight in one round trip, the reserve call in a second when the
+/// preflight did not return every key, then the decision.
 async fn evaluate_calls(
     connection: &mut PgConnection,
     deadline: Deadline,
@@ -296,53 +298,70 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<Write>, i64), CheckError> {
     let timeout = config.operation_timeout();
-    let lock_ids = lock_ids(keys);
+    let costs: Vec<u64> = specs.iter().map(|spec| spec.cost).collect();
 
     let mut sql = script::begin().to_owned();
-    sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids));
-    let costs: Vec<u64> = specs.iter().map(|spec| spec.cost).collect();
-    sql.push_str(&calls::preflight(keys, &costs));
+    sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids(keys)));
+    let (preflight_sql, preflight_statement) = calls::preflight(keys, &costs);
+    sql.push_str(&preflight_sql);
     let lock_statement = script::BEGIN_STATEMENTS;
+    let preflight = lock_statement + 1;
     let mut phases = vec![CheckPhase::Begin; lock_statement];
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let output = transaction::run_phases(connection, sql, deadline, &phases, timeout).await?;
+    let executes = [(lock_statement, &calls::LOCK), (preflight, preflight_statement)];
+    let output = prepared::run_phases(connection, &sql, deadline, &phases, &executes, timeout).await?;
     if output.only_row(lock_statement).is_none() {
         return Err(CheckError::MalformedResponse {
             phase: CheckPhase::Lock,
             reason: "expected one lock row",
         });
     }
-    let phase = CheckPhase::Preflight;
-    let row = output
-        .only_row(lock_statement + 1)
-        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one preflight row" })?;
-    let stored = stored_counters(
-        script::per_check_array(row, "used", keys.len(), phase)?,
-        script::per_check_array(row, "expires_us", keys.len(), phase)?,
-    )?;
-    let mut now_us: i64 = column(row, "now_us", phase)?;
+    let mut stored = per_check(&output, preflight, keys.len(), CheckPhase::Preflight, |row| {
+        Ok(StoredCounter {
+            used: column(row, "used", CheckPhase::Preflight)?,
+            expires_us: column(row, "expires_us", CheckPhase::Preflight)?,
+        })
+    })?;
+    // The sample of the row updated last was taken after every row lock.
+    let mut now_us = match output.rows_of(preflight).last() {
+        Some(row) => Some(column::<i64>(row, "now_us", CheckPhase::Preflight)?),
+        None => None,
+    };
 
-    let missing_shards = missing_shards(specs, &stored);
+    let unreturned: Vec<usize> = (0..keys.len()).filter(|index| stored[*index].is_none()).collect();
     let mut ledger = [None; 256];
     let mut phase = CheckPhase::Preflight;
-    if !missing_shards.is_empty() {
+    if !unreturned.is_empty() {
         phase = CheckPhase::Reserve;
-        let output = script::run(connection, calls::reserve(&missing_shards), deadline)
-            .await
-            .map_err(|error| check_failure(error, &[CheckPhase::Reserve], timeout))?;
+        let unreturned_keys: Vec<[u8; 64]> = unreturned.iter().map(|index| keys[*index]).collect();
+        let unreturned_costs: Vec<u64> = unreturned.iter().map(|index| costs[*index]).collect();
+        let mut shards: Vec<i16> = unreturned.iter().map(|index| i16::from(specs[*index].shard)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let output =
+            script::run(connection, calls::reserve(&unreturned_keys, &unreturned_costs, &shards), deadline)
+                .await
+                .map_err(|error| check_failure(error, &[CheckPhase::Reserve], timeout))?;
         let row = output
             .only_row(0)
             .ok_or(CheckError::MalformedResponse { phase, reason: "expected one reserve row" })?;
-        let counts: Vec<Option<i32>> =
-            script::per_check_array(row, "row_counts", missing_shards.len(), phase)?;
-        for (shard, count) in missing_shards.iter().zip(counts) {
+        let found = stored_counters(
+            script::per_check_array(row, "used", unreturned.len(), phase)?,
+            script::per_check_array(row, "expires_us", unreturned.len(), phase)?,
+        )?;
+        for (index, counter) in unreturned.iter().zip(found) {
+            stored[*index] = counter;
+        }
+        let counts: Vec<Option<i32>> = script::per_check_array(row, "row_counts", shards.len(), phase)?;
+        for (shard, count) in shards.iter().zip(counts) {
             let Some(count) = count else { continue };
             let count = u32::try_from(count).map_err(|_| malformed(phase)("negative ledger row count"))?;
             // `shard` came from a `u8`, so it indexes the ledger.
             ledger[usize::from(shard.unsigned_abs())] = Some(i64::from(count));
         }
-        now_us = column(row, "now_us", phase)?;
+        now_us = Some(column(row, "now_us", phase)?);
     }
+    let now_us = now_us.ok_or(CheckError::MalformedResponse { phase, reason: "missing clock sample" })?;
     let plan = decide(specs, &stored, now_us, &ledger, config.maximum_rows_per_shard(), mode)
         .map_err(malformed(phase))?;
     Ok((plan, now_us.div_euclid(1_000) * 1_000))

@@ -313,14 +313,15 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
             "runlimit: a locked gcra row was not written",
         ),
         (
-            "SELECT * FROM public.runlimit_fixed_window_preflight('abc'::pg_catalog.text, '{1}'::bigint[])"
+            "SELECT * FROM public.runlimit_fixed_window_reserve('abc'::pg_catalog.text, '{1}'::bigint[], '{}'::smallint[])"
                 .to_owned(),
             "22023",
-            "runlimit: invalid fixed-window counter keys",
+            "runlimit: invalid fixed-window reserve arguments",
         ),
         (
             format!(
-                "SELECT * FROM public.runlimit_fixed_window_preflight('{absent}'::pg_catalog.text, '{{0}}'::bigint[])"
+                "SELECT * FROM public.runlimit_fixed_window_reserve('{absent}'::pg_catalog.text, '{{0}}'::bigint[], \
+                 '{{}}'::smallint[])"
             ),
             "22023",
             "runlimit: invalid fixed-window cost",
@@ -332,11 +333,6 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
             ),
             "22023",
             "runlimit: invalid fixed-window write arguments",
-        ),
-        (
-            "SELECT public.runlimit_fixed_window_lock(0::bigint, '{1}'::bigint[])".to_owned(),
-            "22023",
-            "runlimit: invalid fixed-window lock arguments",
         ),
     ];
     for (call, code, message) in failures {
@@ -358,8 +354,8 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
     .await
     .unwrap();
     let (used, expires_us): (Vec<Option<i64>>, Vec<Option<i64>>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT used, expires_us FROM public.runlimit_fixed_window_preflight('{key}{absent}'::pg_catalog.text, \
-         '{{3,1}}'::bigint[])"
+        "SELECT used, expires_us FROM public.runlimit_fixed_window_reserve('{key}{absent}'::pg_catalog.text, \
+         '{{3,1}}'::bigint[], '{{}}'::smallint[])"
     )))
     .fetch_one(&mut connection)
     .await
@@ -384,7 +380,8 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
     .await
     .unwrap();
     let (used,): (Vec<Option<i64>>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT used FROM public.runlimit_fixed_window_preflight('{full}'::pg_catalog.text, '{{5}}'::bigint[])"
+        "SELECT used FROM public.runlimit_fixed_window_reserve('{full}'::pg_catalog.text, '{{5}}'::bigint[], \
+         '{{}}'::smallint[])"
     )))
     .fetch_one(&mut connection)
     .await

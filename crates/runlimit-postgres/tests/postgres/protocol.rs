@@ -1,7 +1,8 @@
 //! The admission protocol on the wire, and its interoperation with the previous release's.
 //!
-//! Admissions of both limiters call the PL/pgSQL admission functions in simple-query round
-//! trips (`src/fixed_window/calls.rs`, `src/gcra/calls.rs`). A [`CountingProxy`] in front of
+//! Admissions run in simple-query round trips: fixed windows execute statements prepared on
+//! each connection and call PL/pgSQL admission functions (`src/fixed_window/calls.rs`), GCRA
+//! calls its admission functions (`src/gcra/calls.rs`). A [`CountingProxy`] in front of
 //! the server frames the frontend stream and records every `Query` message's SQL text and every
 //! extended-protocol message, so the round trips and statements of one admission can be pinned
 //! exactly. The second pair of tests runs limiters of the previous statement protocol
@@ -318,6 +319,14 @@ async fn recorded<T>(
     (output, proxy.take())
 }
 
+/// Runs `sql` on `pool` (a session of the limiter's own) outside any recording.
+async fn unrecorded(proxy: &CountingProxy, pool: &PgPool, sql: &'static str) {
+    settled(pool).await;
+    sqlx::raw_sql(sql).execute(pool).await.expect(sql);
+    settled(pool).await;
+    proxy.take();
+}
+
 /// Whether `decision` is a quota denial of the batch's first check.
 fn denied_first(decision: &runlimit_core::BatchDecision) -> bool {
     matches!(decision.view(), BatchDecisionView::Denied { index: 0, denial: Denial::QuotaExceeded(_), .. })
@@ -351,8 +360,11 @@ fn assert_script(recording: &Recording, expected: &[&[&str]], context: &str) {
 }
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE";
-const FIXED_LOCK: &str = "SELECT public.runlimit_fixed_window_lock(";
-const FIXED_PREFLIGHT: &str = "SELECT * FROM public.runlimit_fixed_window_preflight(";
+const FIXED_LOCK: &str = "EXECUTE runlimit_fixed_window_lock_v1(";
+const FIXED_PREFLIGHT: &str = "EXECUTE runlimit_fixed_window_preflight_";
+const PREPARE_FIXED_LOCK: &str = "PREPARE runlimit_fixed_window_lock_v1 (";
+const PREPARE_FIXED_PREFLIGHT_ONE: &str = "PREPARE runlimit_fixed_window_preflight_one_v1 (";
+const PREPARE_FIXED_PREFLIGHT_BATCH: &str = "PREPARE runlimit_fixed_window_preflight_batch_v1 (";
 const FIXED_RESERVE: &str = "SELECT * FROM public.runlimit_fixed_window_reserve(";
 const FIXED_WRITE: &str = "SELECT public.runlimit_fixed_window_write(";
 const SETTINGS: &str = "SELECT pg_catalog.set_config('statement_timeout', ";
@@ -370,7 +382,8 @@ fn batch_subject(size: usize, index: usize) -> SubjectKey {
 }
 
 /// Asserts that the statement at `(round_trip, index)` of `recording` passes the counter keys
-/// of `keys` checks in one argument: a literal of exactly 128 × `keys` hexadecimal digits.
+/// of `keys` checks: its hexadecimal literals whose length is a multiple of 128 (one key or
+/// several concatenated) hold exactly 128 × `keys` digits.
 fn assert_carries_keys(
     recording: &Recording,
     (round_trip, index): (usize, usize),
@@ -379,10 +392,19 @@ fn assert_carries_keys(
 ) {
     let statements = recording.statements();
     let statement = &statements[round_trip][index];
+    let digits: usize = statement
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .filter(|literal| {
+            !literal.is_empty()
+                && literal.len() % 128 == 0
+                && literal.bytes().all(|byte| byte.is_ascii_hexdigit())
+        })
+        .map(str::len)
+        .sum();
     assert!(
-        statement.split('\'').skip(1).step_by(2).any(
-            |literal| literal.len() == 128 * keys && literal.bytes().all(|byte| byte.is_ascii_hexdigit())
-        ),
+        digits == 128 * keys,
         "{context}: statement {index} of round trip {round_trip} does not carry {keys} keys: {:?}",
         abbreviated(&statements)[round_trip][index]
     );
@@ -407,28 +429,31 @@ async fn assert_stored(
 // Round trips and statements
 // ---------------------------------------------------------------------------------------------
 
-/// Pins the wire cost of an admission through the admission functions, for both limiters and
-/// for batches of 1, 2, 8 and the largest allowed size: only simple queries, never an
-/// extended-protocol message, and a number of round trips and statements that does not grow
-/// with the batch.
+/// Pins the wire cost of an admission, for both limiters and for batches of 1, 2, 8 and the
+/// largest allowed size: only simple queries, never an extended-protocol message, and a number
+/// of round trips and statements that does not grow with the batch.
 ///
-/// * fixed window, keys not yet stored: 3 round trips, 6 statements (`BEGIN`, lock call,
-///   preflight call | reserve call | write call, `COMMIT`); the same for a batch of stored and
-///   new keys, whose write call carries only the new keys;
-/// * fixed window, keys stored, allowed: 2 round trips, 4 statements (`BEGIN`, lock call,
-///   preflight call | `COMMIT`): the preflight's provisional increments are the writes;
+/// * fixed window, keys not yet stored: 3 round trips, 6 statements (`BEGIN`, `EXECUTE` of the
+///   prepared lock, `EXECUTE` of the prepared preflight | reserve call | write call, `COMMIT`);
+///   the same for a batch of stored and new keys, whose write call carries only the new keys;
+/// * fixed window, keys stored, allowed: 2 round trips, 4 statements (`BEGIN`, lock,
+///   preflight | `COMMIT`): the preflight's provisional increments are the writes;
+/// * fixed window, the first admission on a connection: one more round trip, the first one,
+///   answered with SQLSTATE 26000 (the connection has no prepared statements yet), then
+///   `ROLLBACK` and the `PREPARE` statements in front of the same statements; the same after
+///   the session deallocated them;
 /// * GCRA, keys new, stored or both, allowed: 2 round trips, 5 statements (`BEGIN`, the
 ///   settings, lock-and-read call | write call, `COMMIT`): the call locks the shards, there is
 ///   no reserve;
-/// * a denied batch: 2 round trips, 4 statements (fixed window: `BEGIN`, lock call, preflight
-///   call | `ROLLBACK`; GCRA: `BEGIN`, settings, lock-and-read call | `ROLLBACK`).
+/// * a denied batch: 2 round trips, 4 statements (fixed window: `BEGIN`, lock, preflight |
+///   `ROLLBACK`; GCRA: `BEGIN`, settings, lock-and-read call | `ROLLBACK`).
 ///
-/// The preflight (lock-and-read) call carries the keys of the whole batch, as does the write
-/// call except for the fixed window's stored keys; the fixed window's stored counters are
-/// checked after each admission, so a commit without a write call did increment them and a
-/// denial undid its provisional increments. Each limiter has its own pool of one connection
-/// through a [`CountingProxy`], warmed with one admission first (SQLx's connection setup and
-/// type lookups are not the admission's), and each recording covers exactly one `check_all`.
+/// The preflight (lock-and-read) carries the keys of the whole batch, as does the write call
+/// except for the fixed window's stored keys; the fixed window's stored counters are checked
+/// after each admission, so a commit without a write call did increment them and a denial
+/// undid its provisional increments. Each limiter has its own pool of one connection through a
+/// [`CountingProxy`], warmed first (SQLx's connection setup and type lookups are not the
+/// admission's), and each recording covers exactly one `check_all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
@@ -446,9 +471,85 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     // stored keys are incremented, and a third batch is denied.
     let fixed = PostgresLimiter::new(counted_pool(&db, &proxy).await);
     let policy = policy("protocol.fixed", 2, Duration::from_secs(3_600));
-    let (warm_up, _) =
-        recorded(&proxy, fixed.pool(), fixed.check(&check(&policy, subject(255, u64::MAX)))).await;
-    assert!(warm_up.unwrap().permits_request());
+    // SQLx's own setup on the new connection, then the first admission on it, which prepares
+    // the lock and the one-key preflight, then the first batch, which prepares the batch
+    // preflight.
+    unrecorded(&proxy, fixed.pool(), "SELECT 1").await;
+    let warm_up = check(&policy, subject(255, u64::MAX));
+    let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check(&warm_up)).await;
+    assert!(decision.unwrap().permits_request());
+    let what = "fixed window, first admission on a connection";
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[FIXED_RESERVE],
+            &[FIXED_WRITE, COMMIT],
+        ],
+        what,
+    );
+    assert_eq!(recording.figures(), (4, 12), "{what}");
+    let warm_up_batch = [check(&policy, subject(254, u64::MAX)), check(&policy, subject(253, u64::MAX))];
+    let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check_all(&warm_up_batch)).await;
+    assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+    let what = "fixed window, first batch on a connection";
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, PREPARE_FIXED_PREFLIGHT_BATCH, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[FIXED_RESERVE],
+            &[FIXED_WRITE, COMMIT],
+        ],
+        what,
+    );
+    assert_eq!(recording.figures(), (4, 11), "{what}");
+    // A session that deallocated the statements prepares them again.
+    unrecorded(&proxy, fixed.pool(), "DEALLOCATE ALL").await;
+    let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check(&warm_up)).await;
+    assert!(decision.unwrap().permits_request());
+    let what = "fixed window, after DEALLOCATE ALL";
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[COMMIT],
+        ],
+        what,
+    );
+    assert_stored(&mut connection, &[warm_up], &[2], what).await;
+    // Only the batch preflight deallocated: the batch prepares it alone.
+    let (decision, _) = recorded(&proxy, fixed.pool(), fixed.check_all(&warm_up_batch)).await;
+    assert!(decision.is_ok());
+    unrecorded(&proxy, fixed.pool(), "DEALLOCATE runlimit_fixed_window_preflight_batch_v1").await;
+    let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check_all(&warm_up_batch)).await;
+    assert!(decision.is_ok());
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, PREPARE_FIXED_PREFLIGHT_BATCH, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK],
+        ],
+        "fixed window, after DEALLOCATE of the batch preflight",
+    );
+    // Only the lock deallocated: preparing both again finds the preflight there.
+    unrecorded(&proxy, fixed.pool(), "DEALLOCATE runlimit_fixed_window_lock_v1").await;
+    let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check(&warm_up)).await;
+    assert!(!decision.unwrap().permits_request());
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK],
+        ],
+        "fixed window, after DEALLOCATE of the lock",
+    );
+    assert_stored(&mut connection, &[warm_up], &[2], "fixed window, denied after re-preparing").await;
     for size in sizes {
         let checks: Vec<_> = (0..size).map(|index| check(&policy, batch_subject(size, index))).collect();
         let context = |what: &str| format!("fixed window, batch of {size}, {what}");
