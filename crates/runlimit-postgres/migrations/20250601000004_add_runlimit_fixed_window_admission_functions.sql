@@ -90,8 +90,8 @@ BEGIN
 END
 $$;
 
--- Writes what an allowed batch writes beyond the increments runlimit_fixed_window_preflight
--- already made, anchored at now_us (microseconds since the Unix epoch): for key i, re-anchor
+-- Writes what an allowed batch writes beyond the provisional increments the preflight (and
+-- runlimit_fixed_window_reserve) already made, anchored at now_us (microseconds since the Unix epoch): for key i, re-anchor
 -- its stored counter (renew[i] true) or insert a new counter (renew[i] false) at now_us, with
 -- costs[i] used and a window of window_ms[i] milliseconds. The re-anchoring updates run key by
 -- key, then one INSERT takes every new counter in ascending key order. Raises P0004 unless

@@ -93,8 +93,8 @@ pub struct PostgresConfig {
 /// How admissions talk to PostgreSQL.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) enum Protocol {
-    /// Calls to the admission functions the latest migrations install, whose plans PostgreSQL
-    /// keeps per connection.
+    /// Statements prepared per connection and calls to the admission functions the latest
+    /// migrations install, whose plans PostgreSQL keeps per connection.
     #[default]
     Functions,
     /// The simple-query statements of earlier releases, rendered and planned per admission.
@@ -183,7 +183,7 @@ impl PostgresConfig {
     }
 
     /// Sends admissions (checks and batches) as the statements earlier releases send instead
-    /// of calls to the admission functions, for testing that replicas of both releases
+    /// of prepared statements and calls to the admission functions, for testing that replicas of both releases
     /// interoperate on one database. Not part of the supported API: it may change or go away
     /// in any release, and it is not serialized.
     #[doc(hidden)]

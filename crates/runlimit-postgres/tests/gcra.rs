@@ -612,6 +612,10 @@ async fn lost_commit_is_uncertain_and_lost_rollback_keeps_the_denial() {
     let after = stored_row(&mut admin, &key).await.unwrap();
     assert_eq!(after.0, before.0 + 3_600_000, "the unacknowledged commit consumed one unit");
 
+    // The pool replaced the cut connection. A new connection prepares its statements on its
+    // first admission, behind a first round trip that fails and is rolled back; admit once
+    // (a denial) before arming, so the cut hits the ROLLBACK that ends a denial.
+    assert!(!limiter.check(&key).await.unwrap().permits_request());
     proxy.arm(Cut::BeforeForwarding(b"ROLLBACK"));
     let denied = limiter.check(&key).await.unwrap();
     assert!(matches!(denied.view(), DecisionView::Denied { denial: Denial::QuotaExceeded(_) }), "{denied:?}");

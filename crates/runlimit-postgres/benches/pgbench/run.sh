@@ -10,8 +10,10 @@
 #   bare_two_round_trips.sql  `BEGIN; UPDATE` then `COMMIT`: the cheapest transaction in which
 #                             the client reads an answer before deciding to commit
 #   runlimit_check.sql        what PostgresLimiter::check sends for a stored key, allowed:
-#                             BEGIN, the lock call, the preflight call (the provisional
-#                             increment), then COMMIT
+#                             BEGIN, EXECUTE of the prepared lock, EXECUTE of the prepared
+#                             preflight (the provisional increment), then COMMIT; each client
+#                             first prepares the statements, from the crate's own
+#                             src/sql/fixed_window_prepare_*.sql, once
 #   previous_check.sql        what PostgresLimiter::check sent before the admission functions
 #   simplified_check.sql      the previous phases as plain single-table statements
 # Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
@@ -42,11 +44,23 @@ psql -d "$db" \
   -c "INSERT INTO runlimit_fixed_windows (counter_key, used, window_started_at, window_expires_at)
       SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1, now(), now() + interval '10 days'
       FROM generate_series(1, 512) AS i"
+# The check script as run: each client prepares the statements once (its variable `prepared`
+# persists across its transactions), then sends runlimit_check.sql.
+check_script="$(mktemp)"
+trap 'rm -f "$check_script"' EXIT
+{
+  echo '\if :prepared = 0'
+  cat "$here"/../../src/sql/fixed_window_prepare_lock.sql "$here"/../../src/sql/fixed_window_prepare_preflight_one.sql
+  echo '\set prepared 1'
+  echo '\endif'
+  cat "$here/runlimit_check.sql"
+} > "$check_script"
 for round in 1 2 3; do
   for script in baseline bare_two_round_trips runlimit_check previous_check simplified_check; do
     mode=simple; [ "$script" = baseline ] && mode=prepared
     before=$(server_ticks)
-    out=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -f "$here/$script.sql" "$db" 2>&1)
+    file="$here/$script.sql"; [ "$script" = runlimit_check ] && file="$check_script"
+    out=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -D prepared=0 -f "$file" "$db" 2>&1)
     after=$(server_ticks)
     tps=$(awk '/^tps/ {print int($3)}' <<< "$out")
     transactions=$(awk '/number of transactions actually processed/ {split($NF, n, "/"); print n[1]}' <<< "$out")

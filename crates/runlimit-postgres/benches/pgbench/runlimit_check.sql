@@ -1,3 +1,3 @@
 \set id random(1,512)
-BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE\; SELECT public.runlimit_fixed_window_lock(5000::bigint, ('{' || :id || '}')::bigint[])\; SELECT * FROM public.runlimit_fixed_window_preflight(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint), 128, '0')::pg_catalog.text, '{1}'::bigint[]);
+BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE\; EXECUTE runlimit_fixed_window_lock_v1('5000'::pg_catalog.text, ('{' || :id || '}')::bigint[])\; EXECUTE runlimit_fixed_window_preflight_one_v1(pg_catalog.decode(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint), 128, '0'), 'hex'), 1::bigint);
 COMMIT;

@@ -27,11 +27,13 @@ pub const BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL: &str =
     include_str!("../../migrations/20250601000003_bound_runlimit_fixed_window_cardinality.sql");
 
 /// Migration `20250601000004_add_runlimit_fixed_window_admission_functions`: the PL/pgSQL
-/// functions admissions call, `public.runlimit_fixed_window_lock`, `_preflight`, `_reserve`
-/// and `_write` (each `SECURITY INVOKER`, with `search_path` pinned to `pg_catalog, pg_temp`),
-/// so PostgreSQL plans their statements once per connection. Additive: it changes no table, and
-/// replicas still sending the statements of earlier releases keep working beside replicas that
-/// call the functions. Vendor it after [`BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL`].
+/// functions admissions call when a key has no stored counter or a window ended,
+/// `public.runlimit_fixed_window_reserve` and `public.runlimit_fixed_window_write` (each
+/// `SECURITY INVOKER`, with `search_path` pinned to `pg_catalog, pg_temp`), so PostgreSQL plans
+/// their statements once per connection. (The common admission runs statements Runlimit
+/// prepares on each connection instead; see the crate's operations guide.) Additive: it changes
+/// no table, and replicas still sending the statements of earlier releases keep working beside
+/// replicas of this one. Vendor it after [`BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL`].
 pub const ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL: &str =
     include_str!("../../migrations/20250601000004_add_runlimit_fixed_window_admission_functions.sql");
 

@@ -30,7 +30,7 @@ use crate::{
     config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
-    prepared,
+    prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
     store::sealed::{Algorithm, Internal},
     transaction::{self, Plan, check_failure},
@@ -300,16 +300,18 @@ async fn evaluate_calls(
     let timeout = config.operation_timeout();
     let costs: Vec<u64> = specs.iter().map(|spec| spec.cost).collect();
 
-    let mut sql = script::begin().to_owned();
-    sql.push_str(&calls::lock(config.server_timeout_millis(), &lock_ids(keys)));
     let (preflight_sql, preflight_statement) = calls::preflight(keys, &costs);
-    sql.push_str(&preflight_sql);
-    let lock_statement = script::BEGIN_STATEMENTS;
-    let preflight = lock_statement + 1;
-    let mut phases = vec![CheckPhase::Begin; lock_statement];
-    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let executes = [(lock_statement, &calls::LOCK), (preflight, preflight_statement)];
-    let output = prepared::run_phases(connection, &sql, deadline, &phases, &executes, timeout).await?;
+    let statements = [
+        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
+        Statement {
+            sql: calls::lock(config.server_timeout_millis(), &lock_ids(keys)),
+            phase: CheckPhase::Lock,
+            executes: Some(&calls::LOCK),
+        },
+        Statement { sql: preflight_sql, phase: CheckPhase::Preflight, executes: Some(preflight_statement) },
+    ];
+    let (lock_statement, preflight) = (1, 2);
+    let output = prepared::run_phases(connection, &statements, deadline, &[], timeout).await?;
     if output.only_row(lock_statement).is_none() {
         return Err(CheckError::MalformedResponse {
             phase: CheckPhase::Lock,

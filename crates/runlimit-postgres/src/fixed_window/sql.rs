@@ -1,6 +1,6 @@
 //! The fixed-window statement protocol of earlier releases: scripts built from the
 //! `src/sql/fixed_window_*.sql` templates and sent through [`crate::script::run`] as
-//! simple-query round trips. Admissions now call the admission functions (`super::calls`);
+//! simple-query round trips. Admissions now run prepared statements and admission functions (`super::calls`);
 //! these statements remain for peek, reset and cleanup, and as the admission protocol of the
 //! hidden `PostgresConfig::with_previous_admission_protocol`, which tests that replicas of both
 //! releases interoperate.

@@ -1,57 +1,123 @@
-//! The GCRA admission protocol: calls to the functions of migration
-//! `20250701000003_add_runlimit_gcra_admission_functions`, sent through
-//! [`crate::script::run`] as simple-query round trips.
+//! The GCRA admission protocol: statements prepared on each connection (see
+//! [`crate::prepared`]), sent through [`crate::script::run`] as simple-query round trips.
 //!
-//! # Two round trips, five statements
+//! # Two round trips, six statements
 //!
-//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, the transaction-local
-//!    `statement_timeout`, `lock_timeout` and `search_path` (a statement of their own, so
-//!    `statement_timeout` is armed when the next statement starts and bounds all its lock waits
-//!    together), and `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the ledger rows of
-//!    every shard the batch touches (`FOR UPDATE`, ascending shard order), then, in a statement
-//!    of its own inside the function (so its `READ COMMITTED` snapshot is taken after the
-//!    locks), the stored arrival times, and the whole-millisecond clock sample. Only the ledger
-//!    locks can wait, so a failure of this statement is reported in the lock phase.
-//! 2. `SELECT public.runlimit_gcra_write(..)` (advance the watermarks of the locked shards,
-//!    update and insert the rows, verify the row counts) and `COMMIT`, or just `ROLLBACK`
-//!    after a denial.
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, `EXECUTE runlimit_settings_v1` (the
+//!    transaction-local `statement_timeout`, `lock_timeout` and
+//!    `plan_cache_mode = force_generic_plan`, a statement of their own, so `statement_timeout`
+//!    is armed when the next statement starts and bounds all its lock waits together),
+//!    `EXECUTE runlimit_gcra_lock_v1` (the ledger rows of every shard the batch touches,
+//!    `FOR UPDATE` in ascending shard order, with their row counts and watermarks) and
+//!    `EXECUTE runlimit_gcra_read_v1` (in a statement of its own, so its `READ COMMITTED`
+//!    snapshot is taken after the locks: the stored arrival times and the whole-millisecond
+//!    clock sample, taken after the locks);
+//! 2. `EXECUTE runlimit_gcra_write_v1` (advance the watermarks of the locked shards, update the
+//!    stored rows, verify the row count) or `runlimit_gcra_write_inserts_v1` (the same, and
+//!    insert the new rows in ascending key order) and `COMMIT`, or just `ROLLBACK` after a
+//!    denial.
 //!
-//! PL/pgSQL plans the statements inside the functions once per connection; PostgreSQL parses
-//! and plans per admission only the call statements. The statement protocol of earlier
-//! releases (`super::sql`) takes the same locks in the same order and writes the same rows.
-//! Arguments are rendered as in [`crate::fixed_window`]'s calls: exact types, schema-qualified
-//! names, integers, booleans and hexadecimal digits only.
+//! PostgreSQL plans these statements once per connection; per admission it parses statement
+//! names and literal arguments. The statement protocol of earlier releases (`super::sql`)
+//! takes the same locks in the same order, writes the same rows and verifies the same way (a
+//! missed row makes the write statement fail with SQLSTATE 22P02 and a message naming
+//! Runlimit before `COMMIT` runs). Arguments are rendered as in [`crate::fixed_window`]'s
+//! calls: exact types, schema-qualified names, integers and hexadecimal digits only.
 
 use crate::{
     gcra::GcraWrite,
-    script::{array_literal, hex_keys},
+    prepared::Prepared,
+    script::{array_literal, push_bytea},
 };
 
-/// `SELECT * FROM public.runlimit_gcra_lock_read(..)`: the ledger rows of `shards` (ascending,
-/// distinct), then the stored arrival times of `keys` and the clock sample. One row: `row_counts` and `watermarks_ms` with one
-/// element per shard, `tat_ms` and `tat_remainder` with one per key (null without a row), and
-/// `now_ms`.
-pub(crate) fn lock_read(shards: &[i16], keys: &[[u8; 64]]) -> String {
-    format!(
-        "SELECT * FROM public.runlimit_gcra_lock_read({}::smallint[], '{}'::pg_catalog.text);\n",
-        array_literal(shards),
-        hex_keys(keys)
-    )
+/// The transaction-local `statement_timeout` and `lock_timeout` (`$1`, milliseconds as text)
+/// and `plan_cache_mode = force_generic_plan`: one row.
+pub(crate) static SETTINGS: Prepared =
+    Prepared { name: "runlimit_settings_v1", prepare: include_str!("../sql/settings_prepare.sql") };
+
+/// Locks the ledger rows of the shards `$1` in ascending order: one row per shard, `(shard,
+/// row_count, watermark_ms)`.
+pub(crate) static LOCK: Prepared =
+    Prepared { name: "runlimit_gcra_lock_v1", prepare: include_str!("../sql/gcra_prepare_lock.sql") };
+
+/// The stored arrival times of the keys `$1` and the clock sample: a row `(ordinal, tat_ms,
+/// tat_remainder, now_ms)` per stored key (`ordinal` its 1-based position in `$1`), or one row
+/// with null key columns when none is stored.
+pub(crate) static READ: Prepared =
+    Prepared { name: "runlimit_gcra_read_v1", prepare: include_str!("../sql/gcra_prepare_read.sql") };
+
+/// The writes of a batch without new keys: the watermarks of the shards `$2` advanced to `$1`,
+/// the rows of the keys `$3` updated to `($4, $5, $6)[i]`; fails unless every row was updated.
+pub(crate) static WRITE: Prepared =
+    Prepared { name: "runlimit_gcra_write_v1", prepare: include_str!("../sql/gcra_prepare_write.sql") };
+
+/// [`WRITE`], and the rows of the keys `$7` inserted with `($8, $9, $10)[i]`.
+pub(crate) static WRITE_INSERTS: Prepared = Prepared {
+    name: "runlimit_gcra_write_inserts_v1",
+    prepare: include_str!("../sql/gcra_prepare_write_inserts.sql"),
+};
+
+/// `EXECUTE runlimit_settings_v1(..)` with both timeouts `timeout_ms` milliseconds.
+pub(crate) fn settings(timeout_ms: u128) -> String {
+    format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text);\n", SETTINGS.name)
 }
 
-/// `SELECT public.runlimit_gcra_write(..)`: advances the watermarks of `shards` to `now_ms` and
-/// writes one row per key.
+/// `EXECUTE runlimit_gcra_lock_v1(..)` of `shards` (ascending, distinct).
+pub(crate) fn lock(shards: &[i16]) -> String {
+    format!("EXECUTE {}({}::smallint[]);\n", LOCK.name, array_literal(shards))
+}
+
+/// `EXECUTE runlimit_gcra_read_v1(..)` of `keys`.
+pub(crate) fn read(keys: &[[u8; 64]]) -> String {
+    let mut sql = format!("EXECUTE {}(", READ.name);
+    push_keys(&mut sql, keys.iter());
+    sql.push_str(");\n");
+    sql
+}
+
+/// Appends `ARRAY[pg_catalog.decode('<hex>', 'hex'), ..]::pg_catalog.bytea[]` of `keys`.
+fn push_keys<'a>(sql: &mut String, keys: impl Iterator<Item = &'a [u8; 64]>) {
+    sql.push_str("ARRAY[");
+    for (index, key) in keys.enumerate() {
+        if index > 0 {
+            sql.push_str(", ");
+        }
+        push_bytea(sql, key);
+    }
+    sql.push_str("]::pg_catalog.bytea[]");
+}
+
+/// Appends `, '{..}'::bigint[]` three times: the arrival times and expiries of `writes`.
+fn push_values<'a>(sql: &mut String, writes: impl Iterator<Item = &'a GcraWrite> + Clone) {
+    for values in [
+        array_literal(writes.clone().map(|write| write.tat.tat_ms)),
+        array_literal(writes.clone().map(|write| write.tat.tat_remainder)),
+        array_literal(writes.map(|write| write.expires_at_ms)),
+    ] {
+        sql.push_str(", ");
+        sql.push_str(&values);
+        sql.push_str("::bigint[]");
+    }
+}
+
+/// The write statement of an allowed batch decided at `now_ms`: advances the watermarks of
+/// `shards` and writes one row per key ([`WRITE`], or [`WRITE_INSERTS`] when a key is new).
 pub(crate) fn write(keys: &[[u8; 64]], writes: &[GcraWrite], shards: &[i16], now_ms: u64) -> String {
-    format!(
-        "SELECT public.runlimit_gcra_write({now_ms}::bigint, {}::smallint[], '{}'::pg_catalog.text, \
-         {}::boolean[], {}::bigint[], {}::bigint[], {}::bigint[]);\n",
-        array_literal(shards),
-        hex_keys(keys),
-        array_literal(writes.iter().map(|write| write.insert)),
-        array_literal(writes.iter().map(|write| write.tat.tat_ms)),
-        array_literal(writes.iter().map(|write| write.tat.tat_remainder)),
-        array_literal(writes.iter().map(|write| write.expires_at_ms)),
-    )
+    let pairs = || keys.iter().zip(writes);
+    let updates = || pairs().filter(|(_, write)| !write.insert);
+    let inserts = || pairs().filter(|(_, write)| write.insert);
+    let statement = if inserts().next().is_some() { &WRITE_INSERTS } else { &WRITE };
+    let mut sql =
+        format!("EXECUTE {}({now_ms}::bigint, {}::smallint[], ", statement.name, array_literal(shards));
+    push_keys(&mut sql, updates().map(|(key, _)| key));
+    push_values(&mut sql, updates().map(|(_, write)| write));
+    if statement.name == WRITE_INSERTS.name {
+        sql.push_str(", ");
+        push_keys(&mut sql, inserts().map(|(key, _)| key));
+        push_values(&mut sql, inserts().map(|(_, write)| write));
+    }
+    sql.push_str(");\n");
+    sql
 }
 
 #[cfg(test)]
@@ -62,24 +128,40 @@ mod tests {
     #[test]
     fn renders_calls_of_exact_types() {
         let key = [0xAB; 64];
+        let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
+        assert_eq!(settings(1_500), "EXECUTE runlimit_settings_v1('1500'::pg_catalog.text);\n");
+        assert_eq!(lock(&[0, 7, 255]), "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n");
         assert_eq!(
-            lock_read(&[0, 7, 255], &[key]),
-            format!(
-                "SELECT * FROM public.runlimit_gcra_lock_read('{{0,7,255}}'::smallint[], \
-                 '{}'::pg_catalog.text);\n",
-                "ab".repeat(64)
-            )
+            read(&[key, key]),
+            format!("EXECUTE runlimit_gcra_read_v1(ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[]);\n")
         );
         let insert =
             GcraWrite { insert: true, tat: StoredTat { tat_ms: 10, tat_remainder: 2 }, expires_at_ms: 11 };
-        let update = GcraWrite { insert: false, ..insert };
+        let update =
+            GcraWrite { insert: false, tat: StoredTat { tat_ms: 20, tat_remainder: 3 }, expires_at_ms: 21 };
         assert_eq!(
             write(&[key, key], &[insert, update], &[171], 9),
             format!(
-                "SELECT public.runlimit_gcra_write(9::bigint, '{{171}}'::smallint[], '{}'::pg_catalog.text, \
-                 '{{true,false}}'::boolean[], '{{10,10}}'::bigint[], '{{2,2}}'::bigint[], '{{11,11}}'::bigint[]);\n",
-                "ab".repeat(128)
+                "EXECUTE runlimit_gcra_write_inserts_v1(9::bigint, '{{171}}'::smallint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{10}}'::bigint[], '{{2}}'::bigint[], '{{11}}'::bigint[]);\n"
             )
         );
+        assert_eq!(
+            write(&[key], &[update], &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_write_v1(9::bigint, '{{171}}'::smallint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[]);\n"
+            )
+        );
+        for statement in [&SETTINGS, &LOCK, &READ, &WRITE, &WRITE_INSERTS] {
+            assert!(
+                statement.prepare.starts_with(&format!("PREPARE {} (", statement.name)),
+                "{}",
+                statement.name
+            );
+            assert!(statement.prepare.trim_end().ends_with(';'), "{}", statement.name);
+            assert_eq!(statement.prepare.matches(';').count(), 1, "{}", statement.name);
+        }
     }
 }

@@ -26,6 +26,7 @@ use crate::{
     config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
     observe::Evaluated,
+    prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
     store::sealed::{Algorithm, Internal},
     transaction::{self, Plan, check_failure, maintenance_failure},
@@ -231,8 +232,8 @@ async fn evaluate(
     Ok((plan, now_ms))
 }
 
-/// [`evaluate`] through the admission functions (see [`calls`]): begin, the settings and the
-/// lock-and-read call in one round trip, then the decision.
+/// [`evaluate`] through the statements prepared on each connection (see [`calls`]): begin,
+/// the settings, the ledger locks and the read in one round trip, then the decision.
 async fn evaluate_calls(
     connection: &mut PgConnection,
     deadline: Deadline,
@@ -242,45 +243,29 @@ async fn evaluate_calls(
     shards: &[i16],
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
-    let mut sql = script::begin().to_owned();
-    sql.push_str(&script::settings(config.server_timeout_millis()));
-    sql.push_str(&calls::lock_read(shards, keys));
-    let lock_statement = script::BEGIN_STATEMENTS + 1;
-    let mut phases = vec![CheckPhase::Begin; lock_statement];
-    phases.push(CheckPhase::Lock);
+    let statements = [
+        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
+        Statement {
+            sql: calls::settings(config.server_timeout_millis()),
+            phase: CheckPhase::Begin,
+            executes: Some(&calls::SETTINGS),
+        },
+        Statement { sql: calls::lock(shards), phase: CheckPhase::Lock, executes: Some(&calls::LOCK) },
+        Statement { sql: calls::read(keys), phase: CheckPhase::Preflight, executes: Some(&calls::READ) },
+    ];
+    let (lock_statement, read) = (2, 3);
+    let later = [&calls::WRITE, &calls::WRITE_INSERTS];
     let output =
-        transaction::run_phases(connection, sql, deadline, &phases, config.operation_timeout()).await?;
-    let phase = CheckPhase::Lock;
-    let row = output
-        .only_row(lock_statement)
-        .ok_or(CheckError::MalformedResponse { phase, reason: "expected one lock row" })?;
-    let row_counts: Vec<Option<i32>> = script::per_check_array(row, "row_counts", shards.len(), phase)?;
-    let watermarks: Vec<Option<i64>> = script::per_check_array(row, "watermarks_ms", shards.len(), phase)?;
-    let mut ledger = [None; 256];
-    for ((shard, row_count), watermark_ms) in shards.iter().zip(row_counts).zip(watermarks) {
-        match (row_count, watermark_ms) {
-            (Some(row_count), Some(watermark_ms)) => {
-                // `shard` came from a `u8`, so it indexes the ledger.
-                ledger[usize::from(shard.unsigned_abs())] =
-                    Some(LedgerRow { row_count: i64::from(row_count), watermark_ms });
-            }
-            (None, None) => return Err(malformed(phase)("ledger rows do not match the requested shards")),
-            _ => return Err(malformed(phase)("a ledger row without its watermark")),
-        }
-    }
+        prepared::run_phases(connection, &statements, deadline, &later, config.operation_timeout()).await?;
+    let ledger = parse_ledger(&output, lock_statement, shards)?;
     let phase = CheckPhase::Preflight;
-    let tat_ms: Vec<Option<i64>> = script::per_check_array(row, "tat_ms", keys.len(), phase)?;
-    let remainders: Vec<Option<i64>> = script::per_check_array(row, "tat_remainder", keys.len(), phase)?;
-    let stored = tat_ms
-        .into_iter()
-        .zip(remainders)
-        .map(|pair| match pair {
-            (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
-            (None, None) => Ok(None),
-            _ => Err(malformed(phase)("an arrival time without its remainder")),
+    let stored = per_check(&output, read, keys.len(), phase, |row| {
+        Ok(StoredTat {
+            tat_ms: column(row, "tat_ms", phase)?,
+            tat_remainder: column(row, "tat_remainder", phase)?,
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let clock_ms: i64 = column(row, "now_ms", phase)?;
+    })?;
+    let clock_ms = clock_sample(&output, read, "now_ms", phase)?;
     let bad = malformed(phase);
     let now_ms =
         effective_now(clock_ms, ledger.iter().flatten().map(|row| row.watermark_ms)).map_err(&bad)?;

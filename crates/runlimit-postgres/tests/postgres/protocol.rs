@@ -367,9 +367,15 @@ const PREPARE_FIXED_PREFLIGHT_ONE: &str = "PREPARE runlimit_fixed_window_preflig
 const PREPARE_FIXED_PREFLIGHT_BATCH: &str = "PREPARE runlimit_fixed_window_preflight_batch_v1 (";
 const FIXED_RESERVE: &str = "SELECT * FROM public.runlimit_fixed_window_reserve(";
 const FIXED_WRITE: &str = "SELECT public.runlimit_fixed_window_write(";
-const SETTINGS: &str = "SELECT pg_catalog.set_config('statement_timeout', ";
-const GCRA_LOCK_READ: &str = "SELECT * FROM public.runlimit_gcra_lock_read(";
-const GCRA_WRITE: &str = "SELECT public.runlimit_gcra_write(";
+const SETTINGS: &str = "EXECUTE runlimit_settings_v1(";
+const GCRA_LOCK: &str = "EXECUTE runlimit_gcra_lock_v1(";
+const GCRA_READ: &str = "EXECUTE runlimit_gcra_read_v1(";
+const GCRA_WRITE: &str = "EXECUTE runlimit_gcra_write_";
+const PREPARE_SETTINGS: &str = "PREPARE runlimit_settings_v1 (";
+const PREPARE_GCRA_LOCK: &str = "PREPARE runlimit_gcra_lock_v1 (";
+const PREPARE_GCRA_READ: &str = "PREPARE runlimit_gcra_read_v1 (";
+const PREPARE_GCRA_WRITE: &str = "PREPARE runlimit_gcra_write_v1 (";
+const PREPARE_GCRA_WRITE_INSERTS: &str = "PREPARE runlimit_gcra_write_inserts_v1 (";
 const COMMIT: &str = "COMMIT";
 const ROLLBACK: &str = "ROLLBACK";
 
@@ -438,17 +444,17 @@ async fn assert_stored(
 ///   the same for a batch of stored and new keys, whose write call carries only the new keys;
 /// * fixed window, keys stored, allowed: 2 round trips, 4 statements (`BEGIN`, lock,
 ///   preflight | `COMMIT`): the preflight's provisional increments are the writes;
-/// * fixed window, the first admission on a connection: one more round trip, the first one,
-///   answered with SQLSTATE 26000 (the connection has no prepared statements yet), then
-///   `ROLLBACK` and the `PREPARE` statements in front of the same statements; the same after
-///   the session deallocated them;
-/// * GCRA, keys new, stored or both, allowed: 2 round trips, 5 statements (`BEGIN`, the
-///   settings, lock-and-read call | write call, `COMMIT`): the call locks the shards, there is
-///   no reserve;
-/// * a denied batch: 2 round trips, 4 statements (fixed window: `BEGIN`, lock, preflight |
-///   `ROLLBACK`; GCRA: `BEGIN`, settings, lock-and-read call | `ROLLBACK`).
+/// * the first admission on a connection: one more round trip, the first one, answered with
+///   SQLSTATE 26000 (the connection has no prepared statements yet), then `ROLLBACK` and the
+///   same statements with a `PREPARE` before each `EXECUTE` (and, for GCRA, the `PREPARE`
+///   statements of the two write statements at the end); the same after the session
+///   deallocated them, and only the missing ones after it deallocated some;
+/// * GCRA, keys new, stored or both, allowed: 2 round trips, 6 statements (`BEGIN`, settings,
+///   lock, read | write, `COMMIT`): the lock statement locks the shards, there is no reserve;
+/// * a denied batch: 2 round trips (fixed window: `BEGIN`, lock, preflight | `ROLLBACK`, 4
+///   statements; GCRA: `BEGIN`, settings, lock, read | `ROLLBACK`, 5).
 ///
-/// The preflight (lock-and-read) carries the keys of the whole batch, as does the write call
+/// The preflight (the GCRA read) carries the keys of the whole batch, as does the write call
 /// except for the fixed window's stored keys; the fixed window's stored counters are checked
 /// after each admission, so a commit without a write call did increment them and a denial
 /// undid its provisional increments. Each limiter has its own pool of one connection through a
@@ -483,7 +489,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
             &[FIXED_RESERVE],
             &[FIXED_WRITE, COMMIT],
         ],
@@ -498,7 +504,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, PREPARE_FIXED_PREFLIGHT_BATCH, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_BATCH, FIXED_PREFLIGHT],
             &[FIXED_RESERVE],
             &[FIXED_WRITE, COMMIT],
         ],
@@ -514,7 +520,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
             &[COMMIT],
         ],
         what,
@@ -530,7 +536,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, PREPARE_FIXED_PREFLIGHT_BATCH, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_BATCH, FIXED_PREFLIGHT],
             &[ROLLBACK],
         ],
         "fixed window, after DEALLOCATE of the batch preflight",
@@ -543,8 +549,8 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, PREPARE_FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
+            &[ROLLBACK, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
             &[ROLLBACK],
         ],
         "fixed window, after DEALLOCATE of the lock",
@@ -616,9 +622,32 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     // the second updates) and a third is denied.
     let gcra = PostgresGcraLimiter::new(counted_pool(&db, &proxy).await);
     let policy = gcra_policy("protocol.gcra", 1, 3_600_000, 2);
-    let (warm_up, _) =
+    unrecorded(&proxy, gcra.pool(), "SELECT 1").await;
+    let (warm_up, recording) =
         recorded(&proxy, gcra.pool(), gcra.check(&gcra_check(&policy, subject(255, u64::MAX)))).await;
     assert!(warm_up.unwrap().permits_request());
+    let what = "GCRA, first admission on a connection";
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ],
+            &[
+                ROLLBACK,
+                BEGIN,
+                PREPARE_SETTINGS,
+                SETTINGS,
+                PREPARE_GCRA_LOCK,
+                GCRA_LOCK,
+                PREPARE_GCRA_READ,
+                GCRA_READ,
+                PREPARE_GCRA_WRITE,
+                PREPARE_GCRA_WRITE_INSERTS,
+            ],
+            &[GCRA_WRITE, COMMIT],
+        ],
+        what,
+    );
+    assert_eq!(recording.figures(), (3, 16), "{what}");
     for size in sizes {
         let checks: Vec<_> = (0..size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
         let context = |what: &str| format!("GCRA, batch of {size}, {what}");
@@ -627,18 +656,22 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
             assert_script(
                 &recording,
-                &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]],
+                &[&[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ], &[GCRA_WRITE, COMMIT]],
                 &context(what),
             );
-            assert_eq!(recording.figures(), (2, 5), "{}", context(what));
-            assert_carries_keys(&recording, (0, 2), size, &context(what));
+            assert_eq!(recording.figures(), (2, 6), "{}", context(what));
+            assert_carries_keys(&recording, (0, 3), size, &context(what));
             assert_carries_keys(&recording, (1, 0), size, &context(what));
         }
         let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
         let decision = decision.unwrap();
         assert!(denied_first(&decision), "{decision:?}");
-        assert_script(&recording, &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[ROLLBACK]], &context("denied"));
-        assert_eq!(recording.figures(), (2, 4), "{}", context("denied"));
+        assert_script(
+            &recording,
+            &[&[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ], &[ROLLBACK]],
+            &context("denied"),
+        );
+        assert_eq!(recording.figures(), (2, 5), "{}", context("denied"));
 
         if size > 1 {
             let mixed: Vec<_> =
@@ -648,9 +681,13 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed)).await;
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
             let what = context("stored and new keys");
-            assert_script(&recording, &[&[BEGIN, SETTINGS, GCRA_LOCK_READ], &[GCRA_WRITE, COMMIT]], &what);
-            assert_eq!(recording.figures(), (2, 5), "{what}");
-            assert_carries_keys(&recording, (0, 2), size, &what);
+            assert_script(
+                &recording,
+                &[&[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ], &[GCRA_WRITE, COMMIT]],
+                &what,
+            );
+            assert_eq!(recording.figures(), (2, 6), "{what}");
+            assert_carries_keys(&recording, (0, 3), size, &what);
             assert_carries_keys(&recording, (1, 0), size, &what);
         }
     }
@@ -659,6 +696,47 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     fixed.pool().close().await;
     gcra.pool().close().await;
     drop(proxy);
+    db.finish().await;
+}
+
+/// The statements are prepared inside the admission's own transaction, after its `BEGIN`, so
+/// sessions whose defaults are a stricter isolation level or read-only transactions still
+/// admit on their first admission (a `BEGIN .. ISOLATION LEVEL` after any other statement of a
+/// transaction is refused), and the admissions still run `READ COMMITTED, READ WRITE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn strict_session_defaults_do_not_stop_the_first_admission() {
+    let db = TestDatabase::create("protocol_session_defaults").await;
+    db.limiter(1).await;
+    PostgresGcraLimiter::new(db.pool(1).await).migrate().await.expect("migrate GCRA");
+    let mut connection = db.connection().await;
+    let fixed_policy = policy("defaults.fixed", 2, Duration::from_secs(3_600));
+    let gcra_policy = gcra_policy("defaults.gcra", 1, 3_600_000, 2);
+    for (index, (setting, value)) in
+        [("default_transaction_isolation", "serializable"), ("default_transaction_read_only", "on")]
+            .into_iter()
+            .enumerate()
+    {
+        let options = db.options.clone().options([(setting, value)]);
+        let shard = u8::try_from(index).unwrap();
+        let fixed = PostgresLimiter::new(
+            db.pool_with(PgPoolOptions::new().max_connections(1), options.clone()).await,
+        );
+        let key = check(&fixed_policy, subject(shard, 1));
+        for expected in [true, true, false] {
+            assert_eq!(fixed.check(&key).await.unwrap().permits_request(), expected, "{setting}");
+        }
+        assert_stored(&mut connection, &[key], &[2], setting).await;
+        let gcra =
+            PostgresGcraLimiter::new(db.pool_with(PgPoolOptions::new().max_connections(1), options).await);
+        let key = gcra_check(&gcra_policy, subject(shard, 2));
+        for expected in [true, true, false] {
+            assert_eq!(gcra.check(&key).await.unwrap().permits_request(), expected, "{setting}");
+        }
+        fixed.pool().close().await;
+        gcra.pool().close().await;
+    }
+    drop(connection);
     db.finish().await;
 }
 
