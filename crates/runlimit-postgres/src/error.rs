@@ -13,7 +13,7 @@ use runlimit_core::{BatchError, ConsumptionStatus};
 /// | phase | statement |
 /// |---|---|
 /// | [`Begin`](Self::Begin) | `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE` |
-/// | [`Lock`](Self::Lock) | the transaction-local `statement_timeout` and `lock_timeout`, then `pg_catalog.pg_advisory_xact_lock(bigint)` for every key in ascending lock-id order (the prepared statement `runlimit_fixed_window_lock_v1`) |
+/// | [`Lock`](Self::Lock) | the transaction-local `statement_timeout` and `lock_timeout`, then `pg_catalog.pg_advisory_xact_lock(bigint)` for every key in ascending lock-id order (the prepared statement `runlimit_fixed_window_lock_one_v1` or `_batch_v1`) |
 /// | [`Preflight`](Self::Preflight) | row-locks the batch's stored counters by adding each check's cost provisionally (one `UPDATE`), reads them as they were, and samples `pg_catalog.clock_timestamp()` after each row lock (the prepared statement `runlimit_fixed_window_preflight_one_v1` or `_batch_v1`); on a connection that has not prepared these statements yet, the `ROLLBACK` and `PREPARE` statements sent first are part of [`Begin`](Self::Begin) |
 /// | [`Reserve`](Self::Reserve) | row-locks and reads the counters of the keys the preflight did not return (incrementing provisionally those whose increment fits in `bigint`), locks the capacity ledger rows of their shards in ascending order, reads their row counts, samples the clock again (`public.runlimit_fixed_window_reserve`) |
 /// | [`Update`](Self::Update) | re-anchors expired counters and inserts new ones of an allowed batch, verifying its row counts (`public.runlimit_fixed_window_write`); absent when every check is an in-window increment, which the preflight made |

@@ -50,7 +50,7 @@ check_script="$(mktemp)"
 trap 'rm -f "$check_script"' EXIT
 {
   echo '\if :prepared = 0'
-  cat "$here"/../../src/sql/fixed_window_prepare_lock.sql "$here"/../../src/sql/fixed_window_prepare_preflight_one.sql
+  cat "$here"/../../src/sql/fixed_window_prepare_lock_one.sql "$here"/../../src/sql/fixed_window_prepare_preflight_one.sql
   echo '\set prepared 1'
   echo '\endif'
   cat "$here/runlimit_check.sql"

@@ -7,8 +7,9 @@
 //!
 //! An admission is two round trips whatever the batch size:
 //!
-//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, `EXECUTE runlimit_fixed_window_lock_v1`
-//!    (the transaction-local `statement_timeout`, `lock_timeout` and
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
+//!    `EXECUTE runlimit_fixed_window_lock_one_v1` (one check) or `.._lock_batch_v1` (more: the
+//!    transaction-local `statement_timeout` and `lock_timeout`, for a batch also
 //!    `plan_cache_mode = force_generic_plan`, then every advisory lock in ascending order, each
 //!    wait bounded by `lock_timeout`; `statement_timeout`, armed when a statement starts,
 //!    bounds the statements after this one, as with the statements of earlier releases) and
@@ -54,12 +55,20 @@ use crate::{
     script::{array_literal, hex_keys, push_bytea},
 };
 
+/// Sets the transaction-local timeouts (`$1`, milliseconds as text), then takes the advisory
+/// lock `$2`: one row. The lock of a one-check admission.
+pub(crate) static LOCK_ONE: Prepared = Prepared {
+    name: "runlimit_fixed_window_lock_one_v1",
+    prepare: include_str!("../sql/fixed_window_prepare_lock_one.sql"),
+};
+
 /// Sets the transaction-local timeouts (`$1`, milliseconds as text) and
-/// `plan_cache_mode = force_generic_plan`, then takes the advisory locks of `$2` in array
-/// order: one row.
-pub(crate) static LOCK: Prepared = Prepared {
-    name: "runlimit_fixed_window_lock_v1",
-    prepare: include_str!("../sql/fixed_window_prepare_lock.sql"),
+/// `plan_cache_mode = force_generic_plan` (so the batch preflight keeps one plan for every
+/// batch instead of planning each execution), then takes the advisory locks of `$2` in array
+/// order: one row. The lock of a batch.
+pub(crate) static LOCK_BATCH: Prepared = Prepared {
+    name: "runlimit_fixed_window_lock_batch_v1",
+    prepare: include_str!("../sql/fixed_window_prepare_lock_batch.sql"),
 };
 
 /// The preflight of one key (`$1`, cost `$2`): a row `(ordinal = 1, used, expires_us,
@@ -78,14 +87,24 @@ pub(crate) static PREFLIGHT_BATCH: Prepared = Prepared {
     prepare: include_str!("../sql/fixed_window_prepare_preflight_batch.sql"),
 };
 
-/// `EXECUTE runlimit_fixed_window_lock_v1(..)`: the timeouts (`timeout_ms` milliseconds), then
-/// the advisory locks of `lock_ids` in the given (ascending) order.
-pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64]) -> String {
-    format!(
-        "EXECUTE {}('{timeout_ms}'::pg_catalog.text, {}::bigint[]);\n",
-        LOCK.name,
-        array_literal(lock_ids)
-    )
+/// The lock statement of the advisory locks `lock_ids` (ascending, distinct) with both timeouts
+/// `timeout_ms` milliseconds, and the statement it executes: [`LOCK_ONE`] for the one lock of a
+/// one-check admission (`batch` false), else [`LOCK_BATCH`].
+pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64], batch: bool) -> (String, &'static Prepared) {
+    match lock_ids {
+        [lock_id] if !batch => (
+            format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text, {lock_id}::bigint);\n", LOCK_ONE.name),
+            &LOCK_ONE,
+        ),
+        _ => (
+            format!(
+                "EXECUTE {}('{timeout_ms}'::pg_catalog.text, {}::bigint[]);\n",
+                LOCK_BATCH.name,
+                array_literal(lock_ids)
+            ),
+            &LOCK_BATCH,
+        ),
+    }
 }
 
 /// The preflight of `keys` (`costs[i]` for `keys[i]`) and the statement it executes.
@@ -148,10 +167,19 @@ mod tests {
     fn renders_calls_of_exact_types() {
         let key = [0xAB; 64];
         let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
+        let (batch_lock, statement) = lock(1_500, &[-5, 7], true);
         assert_eq!(
-            lock(1_500, &[-5, 7]),
-            "EXECUTE runlimit_fixed_window_lock_v1('1500'::pg_catalog.text, '{-5,7}'::bigint[]);\n"
+            batch_lock,
+            "EXECUTE runlimit_fixed_window_lock_batch_v1('1500'::pg_catalog.text, '{-5,7}'::bigint[]);\n"
         );
+        assert_eq!(statement.name, LOCK_BATCH.name);
+        assert_eq!(lock(1_500, &[-5], true).1.name, LOCK_BATCH.name);
+        let (one_lock, statement) = lock(1_500, &[-5], false);
+        assert_eq!(
+            one_lock,
+            "EXECUTE runlimit_fixed_window_lock_one_v1('1500'::pg_catalog.text, -5::bigint);\n"
+        );
+        assert_eq!(statement.name, LOCK_ONE.name);
         let (one, statement) = preflight(&[key], &[3]);
         assert_eq!(one, format!("EXECUTE runlimit_fixed_window_preflight_one_v1({decoded}, 3::bigint);\n"));
         assert_eq!(statement.name, PREFLIGHT_ONE.name);
@@ -172,7 +200,7 @@ mod tests {
                 "ab".repeat(64)
             )
         );
-        for statement in [&LOCK, &PREFLIGHT_ONE, &PREFLIGHT_BATCH] {
+        for statement in [&LOCK_ONE, &LOCK_BATCH, &PREFLIGHT_ONE, &PREFLIGHT_BATCH] {
             assert!(
                 statement.prepare.starts_with(&format!("PREPARE {} (", statement.name)),
                 "{}",

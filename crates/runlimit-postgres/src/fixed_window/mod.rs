@@ -300,14 +300,12 @@ async fn evaluate_calls(
     let timeout = config.operation_timeout();
     let costs: Vec<u64> = specs.iter().map(|spec| spec.cost).collect();
 
+    let (lock_sql, lock_prepared) =
+        calls::lock(config.server_timeout_millis(), &lock_ids(keys), keys.len() > 1);
     let (preflight_sql, preflight_statement) = calls::preflight(keys, &costs);
     let statements = [
         Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
-        Statement {
-            sql: calls::lock(config.server_timeout_millis(), &lock_ids(keys)),
-            phase: CheckPhase::Lock,
-            executes: Some(&calls::LOCK),
-        },
+        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
         Statement { sql: preflight_sql, phase: CheckPhase::Preflight, executes: Some(preflight_statement) },
     ];
     let (lock_statement, preflight) = (1, 2);

@@ -360,9 +360,10 @@ fn assert_script(recording: &Recording, expected: &[&[&str]], context: &str) {
 }
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE";
-const FIXED_LOCK: &str = "EXECUTE runlimit_fixed_window_lock_v1(";
+const FIXED_LOCK: &str = "EXECUTE runlimit_fixed_window_lock_";
 const FIXED_PREFLIGHT: &str = "EXECUTE runlimit_fixed_window_preflight_";
-const PREPARE_FIXED_LOCK: &str = "PREPARE runlimit_fixed_window_lock_v1 (";
+const PREPARE_FIXED_LOCK_ONE: &str = "PREPARE runlimit_fixed_window_lock_one_v1 (";
+const PREPARE_FIXED_LOCK_BATCH: &str = "PREPARE runlimit_fixed_window_lock_batch_v1 (";
 const PREPARE_FIXED_PREFLIGHT_ONE: &str = "PREPARE runlimit_fixed_window_preflight_one_v1 (";
 const PREPARE_FIXED_PREFLIGHT_BATCH: &str = "PREPARE runlimit_fixed_window_preflight_batch_v1 (";
 const FIXED_RESERVE: &str = "SELECT * FROM public.runlimit_fixed_window_reserve(";
@@ -478,7 +479,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     let fixed = PostgresLimiter::new(counted_pool(&db, &proxy).await);
     let policy = policy("protocol.fixed", 2, Duration::from_secs(3_600));
     // SQLx's own setup on the new connection, then the first admission on it, which prepares
-    // the lock and the one-key preflight, then the first batch, which prepares the batch
+    // the one-key lock and preflight, then the first batch, which prepares the batch lock and
     // preflight.
     unrecorded(&proxy, fixed.pool(), "SELECT 1").await;
     let warm_up = check(&policy, subject(255, u64::MAX));
@@ -489,7 +490,14 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
+            &[
+                ROLLBACK,
+                BEGIN,
+                PREPARE_FIXED_LOCK_ONE,
+                FIXED_LOCK,
+                PREPARE_FIXED_PREFLIGHT_ONE,
+                FIXED_PREFLIGHT,
+            ],
             &[FIXED_RESERVE],
             &[FIXED_WRITE, COMMIT],
         ],
@@ -504,13 +512,20 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, BEGIN, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_BATCH, FIXED_PREFLIGHT],
+            &[
+                ROLLBACK,
+                BEGIN,
+                PREPARE_FIXED_LOCK_BATCH,
+                FIXED_LOCK,
+                PREPARE_FIXED_PREFLIGHT_BATCH,
+                FIXED_PREFLIGHT,
+            ],
             &[FIXED_RESERVE],
             &[FIXED_WRITE, COMMIT],
         ],
         what,
     );
-    assert_eq!(recording.figures(), (4, 11), "{what}");
+    assert_eq!(recording.figures(), (4, 12), "{what}");
     // A session that deallocated the statements prepares them again.
     unrecorded(&proxy, fixed.pool(), "DEALLOCATE ALL").await;
     let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check(&warm_up)).await;
@@ -520,7 +535,14 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
+            &[
+                ROLLBACK,
+                BEGIN,
+                PREPARE_FIXED_LOCK_ONE,
+                FIXED_LOCK,
+                PREPARE_FIXED_PREFLIGHT_ONE,
+                FIXED_PREFLIGHT,
+            ],
             &[COMMIT],
         ],
         what,
@@ -542,14 +564,21 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         "fixed window, after DEALLOCATE of the batch preflight",
     );
     // Only the lock deallocated: preparing both again finds the preflight there.
-    unrecorded(&proxy, fixed.pool(), "DEALLOCATE runlimit_fixed_window_lock_v1").await;
+    unrecorded(&proxy, fixed.pool(), "DEALLOCATE runlimit_fixed_window_lock_one_v1").await;
     let (decision, recording) = recorded(&proxy, fixed.pool(), fixed.check(&warm_up)).await;
     assert!(!decision.unwrap().permits_request());
     assert_script(
         &recording,
         &[
             &[BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
-            &[ROLLBACK, BEGIN, PREPARE_FIXED_LOCK, FIXED_LOCK, PREPARE_FIXED_PREFLIGHT_ONE, FIXED_PREFLIGHT],
+            &[
+                ROLLBACK,
+                BEGIN,
+                PREPARE_FIXED_LOCK_ONE,
+                FIXED_LOCK,
+                PREPARE_FIXED_PREFLIGHT_ONE,
+                FIXED_PREFLIGHT,
+            ],
             &[ROLLBACK, BEGIN, FIXED_LOCK, FIXED_PREFLIGHT],
             &[ROLLBACK],
         ],

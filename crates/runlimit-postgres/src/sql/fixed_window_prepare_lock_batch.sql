@@ -1,4 +1,4 @@
-PREPARE runlimit_fixed_window_lock_v1 (pg_catalog.text, bigint[]) AS
+PREPARE runlimit_fixed_window_lock_batch_v1 (pg_catalog.text, bigint[]) AS
 SELECT pg_catalog.set_config('statement_timeout', $1, true) AS statement_timeout,
        pg_catalog.set_config('lock_timeout', $1, true) AS lock_timeout,
        pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true) AS plan_cache_mode,
