@@ -19,9 +19,11 @@ use runlimit_core::{BatchError, ConsumptionStatus};
 /// | [`Update`](Self::Update) | re-anchors expired counters and inserts new ones of an allowed batch, verifying its row counts (`public.runlimit_fixed_window_write`); absent when every check is an in-window increment, which the preflight made |
 ///
 /// [`PostgresGcraLimiter`](crate::PostgresGcraLimiter) reports its transaction-local settings in
-/// [`Begin`](Self::Begin), the ledger row locks of its shards and the read of the arrival times
-/// that follows them (one call, `public.runlimit_gcra_lock_read`) in [`Lock`](Self::Lock), and
-/// its writes (`public.runlimit_gcra_write`) in [`Update`](Self::Update).
+/// [`Begin`](Self::Begin), the ledger row locks of its shards (the prepared statement
+/// `runlimit_gcra_lock_v1`) in [`Lock`](Self::Lock), the read of the arrival times and the
+/// clock that follows them (`runlimit_gcra_read_v1`) in [`Preflight`](Self::Preflight), and its
+/// writes (`runlimit_gcra_write_v1` or `runlimit_gcra_write_inserts_v1`) in
+/// [`Update`](Self::Update).
 ///
 /// A timeout reported by PostgreSQL (its `lock_timeout` or `statement_timeout`) names the
 /// statement that waited. PostgreSQL sends a round trip's results together, so a timeout the

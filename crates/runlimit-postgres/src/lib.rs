@@ -6,14 +6,15 @@
 //!   check of a key anchors a window of the policy's length, denied and shadow-denied checks
 //!   consume nothing, and an allowed batch commits every member in one transaction. Keys are
 //!   locked in a deterministic order with `pg_advisory_xact_lock(bigint)`, and an admission
-//!   costs a fixed number of round trips and statements whatever the batch size: calls to
-//!   PL/pgSQL functions the migrations install, whose plans PostgreSQL keeps per connection
+//!   costs a fixed number of round trips and statements whatever the batch size: statements
+//!   prepared on each connection and, for new keys and ended windows, PL/pgSQL functions the
+//!   migrations install, whose plans PostgreSQL keeps per connection
 //!   (see [the operations guide](operations#admission-functions-and-rolling-deploys)).
 //! - [`PostgresGcraLimiter`] shares a continuously replenished GCRA quota the same way and
 //!   decides exactly like `runlimit_memory::GcraStore`, fed with whole-millisecond database
 //!   time clamped to a committed per-shard watermark. It has its own tables and migration
 //!   stream ([`GCRA_MIGRATOR`], [`CREATE_RUNLIMIT_GCRA_SQL`],
-//!   [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`], [`ADD_RUNLIMIT_GCRA_ADMISSION_FUNCTIONS_SQL`]).
+//!   [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]).
 //! - [`attempts::PostgresAttemptLimiter`] admits at most one active attempt per subject with
 //!   exponential backoff after failures, with a seam for completing an attempt inside an
 //!   application-owned transaction. Its own tables and migration stream too.
@@ -123,8 +124,7 @@ pub use crate::fixed_window::migrations::{
     SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
 };
 pub use crate::gcra::migrations::{
-    ADD_RUNLIMIT_GCRA_ADMISSION_FUNCTIONS_SQL, CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS,
-    GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+    CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
 };
 pub use crate::store::{PostgresAlgorithm, PostgresStore};
 

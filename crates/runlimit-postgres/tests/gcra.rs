@@ -571,8 +571,7 @@ async fn migrations_upgrade_and_share_the_history() {
             20_250_601_000_003,
             20_250_601_000_004,
             20_250_701_000_001,
-            20_250_701_000_002,
-            20_250_701_000_003
+            20_250_701_000_002
         ]
     );
     assert!(CREATE_RUNLIMIT_GCRA_SQL.contains("CREATE TABLE public.runlimit_gcra ("));

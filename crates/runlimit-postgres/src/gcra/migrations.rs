@@ -21,20 +21,11 @@ pub const CREATE_RUNLIMIT_GCRA_SQL: &str =
 pub const INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL: &str =
     include_str!("../../gcra-migrations/20250701000002_index_runlimit_gcra_shard_expiry.sql");
 
-/// Migration `20250701000003_add_runlimit_gcra_admission_functions`: the PL/pgSQL functions
-/// admissions call, `public.runlimit_gcra_lock_read` and `public.runlimit_gcra_write` (each
-/// `SECURITY INVOKER`, with `search_path` pinned to `pg_catalog, pg_temp`), so PostgreSQL
-/// plans their statements once per connection. Additive: it changes no table, and replicas
-/// still sending the statements of earlier releases keep working beside replicas that call
-/// the functions. Vendor it after [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`].
-pub const ADD_RUNLIMIT_GCRA_ADMISSION_FUNCTIONS_SQL: &str =
-    include_str!("../../gcra-migrations/20250701000003_add_runlimit_gcra_admission_functions.sql");
-
-/// The versions of the GCRA migrations, in order: `20250701000001`, `20250701000002`,
-/// `20250701000003`. They never collide with the fixed-window
+/// The versions of the GCRA migrations, in order: `20250701000001`, `20250701000002`. They
+/// never collide with the fixed-window
 /// [`MIGRATION_VERSIONS`](crate::MIGRATION_VERSIONS); the GCRA stream owns the versions
 /// `20250701000001` to `20250701999999`, and host migrations must not reuse them.
-pub const GCRA_MIGRATION_VERSIONS: [i64; 3] = [20_250_701_000_001, 20_250_701_000_002, 20_250_701_000_003];
+pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_000_002];
 
 /// The GCRA migrations with SQLx's strict defaults (`VersionMissing` for any version it does
 /// not know, including the fixed-window ones). Suitable only when Runlimit's GCRA stream
@@ -55,11 +46,6 @@ mod tests {
                 GCRA_MIGRATION_VERSIONS[1],
                 "index runlimit gcra shard expiry",
                 INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
-            ),
-            (
-                GCRA_MIGRATION_VERSIONS[2],
-                "add runlimit gcra admission functions",
-                ADD_RUNLIMIT_GCRA_ADMISSION_FUNCTIONS_SQL,
             ),
         ];
         assert_eq!(migrations.len(), expected.len());

@@ -305,14 +305,6 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
             "runlimit: a locked counter row was not updated",
         ),
         (
-            format!(
-                "SELECT public.runlimit_gcra_write(0::bigint, '{{171}}'::smallint[], '{absent}'::pg_catalog.text, \
-                 '{{false}}'::boolean[], '{{1}}'::bigint[], '{{0}}'::bigint[], '{{1}}'::bigint[])"
-            ),
-            "P0004",
-            "runlimit: a locked gcra row was not written",
-        ),
-        (
             "SELECT * FROM public.runlimit_fixed_window_reserve('abc'::pg_catalog.text, '{1}'::bigint[], '{}'::smallint[])"
                 .to_owned(),
             "22023",
@@ -344,6 +336,26 @@ async fn the_admission_functions_verify_their_rows_and_arguments_before_commit()
         assert_eq!(error.as_database_error().unwrap().message(), message, "{call}");
         sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
     }
+    // The prepared GCRA write verifies its row counts the same way: a stored row it must
+    // update that is missing fails the statement before COMMIT.
+    sqlx::raw_sql(include_str!("../../src/sql/gcra_prepare_write.sql"))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let error = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; EXECUTE runlimit_gcra_write_v1(0::bigint, '{{171}}'::smallint[], \
+         ARRAY[pg_catalog.decode('{absent}', 'hex')]::pg_catalog.bytea[], '{{1}}'::bigint[], '{{0}}'::bigint[], \
+         '{{1}}'::bigint[]); COMMIT;"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&error).as_deref(), Some("22P02"));
+    assert_eq!(
+        error.as_database_error().unwrap().message(),
+        "invalid input syntax for type integer: \"runlimit: a locked gcra row was not written\""
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut connection).await.unwrap();
     // The provisional increment of a stored counter reports the counter as it was.
     let key = "cd".repeat(64);
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
