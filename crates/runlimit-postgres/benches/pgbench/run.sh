@@ -3,9 +3,11 @@
 #
 #   PGHOST=127.0.0.1 PGUSER=postgres bash crates/runlimit-postgres/benches/pgbench/run.sh
 #
-# Creates the database `runlimit_pgbench`, applies the fixed-window migrations, stores 512
-# counters (and 512 baseline rows), then runs each script at 8 clients for 4 s, three rounds
-# interleaved, and prints transactions per second and the server CPU per transaction. Scripts:
+# Creates the database `runlimit_pgbench`, applies the fixed-window and GCRA migrations, stores
+# 512 counters, 512 GCRA rows over 256 shards (and 512 baseline rows), then runs each script at
+# 8 clients for 4 s, three rounds interleaved, and prints transactions per second and the server
+# CPU per transaction. RUNLIMIT_PGBENCH_SCRIPTS (names, space-separated), RUNLIMIT_PGBENCH_CLIENTS
+# and RUNLIMIT_PGBENCH_SECONDS override the scripts, the 8 clients and the 4 s. Scripts:
 #   baseline.sql              the cargo bench baseline: one autocommitted upsert (prepared)
 #   bare_two_round_trips.sql  `BEGIN; UPDATE` then `COMMIT`: the cheapest transaction in which
 #                             the client reads an answer before deciding to commit
@@ -14,7 +16,12 @@
 #                             preflight (the provisional increment), then COMMIT; each client
 #                             first prepares the statements, from the crate's own
 #                             src/sql/fixed_window_prepare_*.sql, once
-#   previous_check.sql        what PostgresLimiter::check sent before the admission functions
+#   gcra_check.sql            what PostgresGcraLimiter::check sends for a stored key, allowed:
+#                             BEGIN, EXECUTE of the prepared settings, ledger lock and read,
+#                             then EXECUTE of the prepared write and COMMIT (the arrival time
+#                             written is the clock, not a GCRA decision: the server does the
+#                             same work); prepared once per client like runlimit_check.sql
+#   previous_check.sql        what PostgresLimiter::check sent in earlier releases
 #   simplified_check.sql      the previous phases as plain single-table statements
 # Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
 # PostgreSQL process over the run, including backends that exited (their time is added to the
@@ -37,30 +44,48 @@ server_ticks() {
   echo "$total"
 }
 psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-for migration in "$here"/../../migrations/*.sql; do psql -1 -d "$db" -f "$migration"; done
+for migration in "$here"/../../migrations/*.sql "$here"/../../gcra-migrations/*.sql; do
+  psql -1 -d "$db" -f "$migration"
+done
 psql -d "$db" \
   -c "CREATE TABLE bench_baseline (counter_key bytea PRIMARY KEY, used bigint NOT NULL) WITH (fillfactor = 80)" \
   -c "INSERT INTO bench_baseline SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1 FROM generate_series(1, 512) AS i" \
   -c "INSERT INTO runlimit_fixed_windows (counter_key, used, window_started_at, window_expires_at)
       SELECT decode(lpad(to_hex(i), 128, '0'), 'hex'), 1, now(), now() + interval '10 days'
+      FROM generate_series(1, 512) AS i" \
+  -c "INSERT INTO runlimit_gcra (counter_key, tat_ms, tat_remainder, expires_at_ms)
+      SELECT decode(lpad(to_hex(i), 64, '0') || lpad(to_hex(i % 256), 2, '0') || repeat('0', 62), 'hex'),
+             0, 0, 0
       FROM generate_series(1, 512) AS i"
-# The check script as run: each client prepares the statements once (its variable `prepared`
-# persists across its transactions), then sends runlimit_check.sql.
+# The check scripts as run: each client prepares the statements once (its variable `prepared`
+# persists across its transactions), then sends runlimit_check.sql or gcra_check.sql.
+sql="$here/../../src/sql"
 check_script="$(mktemp)"
-trap 'rm -f "$check_script"' EXIT
-{
+gcra_script="$(mktemp)"
+trap 'rm -f "$check_script" "$gcra_script"' EXIT
+with_prepare() {
+  local script="$1"; shift
   echo '\if :prepared = 0'
-  cat "$here"/../../src/sql/fixed_window_prepare_lock_one.sql "$here"/../../src/sql/fixed_window_prepare_preflight_one.sql
+  cat "$@"
   echo '\set prepared 1'
   echo '\endif'
-  cat "$here/runlimit_check.sql"
-} > "$check_script"
+  cat "$script"
+}
+with_prepare "$here/runlimit_check.sql" "$sql/fixed_window_prepare_lock_one.sql" \
+  "$sql/fixed_window_prepare_preflight_one.sql" > "$check_script"
+with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_lock.sql" \
+  "$sql/gcra_prepare_read.sql" "$sql/gcra_prepare_write.sql" > "$gcra_script"
+scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_check previous_check simplified_check}"
+clients="${RUNLIMIT_PGBENCH_CLIENTS:-8}"
+seconds="${RUNLIMIT_PGBENCH_SECONDS:-4}"
 for round in 1 2 3; do
-  for script in baseline bare_two_round_trips runlimit_check previous_check simplified_check; do
+  for script in $scripts; do
     mode=simple; [ "$script" = baseline ] && mode=prepared
     before=$(server_ticks)
-    file="$here/$script.sql"; [ "$script" = runlimit_check ] && file="$check_script"
-    out=$("$bin/pgbench" -n -c 8 -j 2 -T 4 -M "$mode" -D prepared=0 -f "$file" "$db" 2>&1)
+    file="$here/$script.sql"
+    [ "$script" = runlimit_check ] && file="$check_script"
+    [ "$script" = gcra_check ] && file="$gcra_script"
+    out=$("$bin/pgbench" -n -c "$clients" -j 2 -T "$seconds" -M "$mode" -D prepared=0 -f "$file" "$db" 2>&1)
     after=$(server_ticks)
     tps=$(awk '/^tps/ {print int($3)}' <<< "$out")
     transactions=$(awk '/number of transactions actually processed/ {split($NF, n, "/"); print n[1]}' <<< "$out")
