@@ -24,7 +24,7 @@
 //! - `denied`: `PostgresLimiter::check` of one key whose quota (1 per hour) is used up, so
 //!   every check after the first is denied and rolled back;
 //! - the same five with the suffix `-prev`: the statements earlier releases send instead of the
-//!   admission functions, for comparison.
+//!   prepared statements and admission functions, for comparison.
 //!
 //! Beside requests/s and checks/s it prints the server CPU per request in microseconds: the
 //! user and system time of the pool's own backend processes (`/proc/<pid>/stat`, clock ticks of

@@ -10,7 +10,7 @@
 //! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
 //!    `EXECUTE runlimit_fixed_window_lock_one_v1` (one check) or `.._lock_batch_v1` (more: the
 //!    transaction-local `statement_timeout` and `lock_timeout`, for a batch also
-//!    `plan_cache_mode = force_generic_plan`, then every advisory lock in ascending order, each
+//!    `plan_cache_mode = force_generic_plan` and `enable_seqscan = off`, then every advisory lock in ascending order, each
 //!    wait bounded by `lock_timeout`; `statement_timeout`, armed when a statement starts,
 //!    bounds the statements after this one, as with the statements of earlier releases) and
 //!    `EXECUTE runlimit_fixed_window_preflight_one_v1` (one check) or
@@ -62,9 +62,10 @@ pub(crate) static LOCK_ONE: Prepared = Prepared {
     prepare: include_str!("../sql/fixed_window_prepare_lock_one.sql"),
 };
 
-/// Sets the transaction-local timeouts (`$1`, milliseconds as text) and
+/// Sets the transaction-local timeouts (`$1`, milliseconds as text),
 /// `plan_cache_mode = force_generic_plan` (so the batch preflight keeps one plan for every
-/// batch instead of planning each execution), then takes the advisory locks of `$2` in array
+/// batch instead of planning each execution) and `enable_seqscan = off` (so that plan is an
+/// index scan even while the table is small), then takes the advisory locks of `$2` in array
 /// order: one row. The lock of a batch.
 pub(crate) static LOCK_BATCH: Prepared = Prepared {
     name: "runlimit_fixed_window_lock_batch_v1",

@@ -4,8 +4,9 @@
 //! # Two round trips, six statements
 //!
 //! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`, `EXECUTE runlimit_settings_v1` (the
-//!    transaction-local `statement_timeout`, `lock_timeout` and
-//!    `plan_cache_mode = force_generic_plan`, a statement of their own, so `statement_timeout`
+//!    transaction-local `statement_timeout`, `lock_timeout`,
+//!    `plan_cache_mode = force_generic_plan` and `enable_seqscan = off` (one generic plan per
+//!    statement, an index scan even while a table is small), a statement of their own, so `statement_timeout`
 //!    is armed when the next statement starts and bounds all its lock waits together),
 //!    `EXECUTE runlimit_gcra_lock_v1` (the ledger rows of every shard the batch touches,
 //!    `FOR UPDATE` in ascending shard order, with their row counts and watermarks) and
@@ -30,8 +31,8 @@ use crate::{
     script::{array_literal, push_bytea},
 };
 
-/// The transaction-local `statement_timeout` and `lock_timeout` (`$1`, milliseconds as text)
-/// and `plan_cache_mode = force_generic_plan`: one row.
+/// The transaction-local `statement_timeout` and `lock_timeout` (`$1`, milliseconds as text),
+/// `plan_cache_mode = force_generic_plan` and `enable_seqscan = off`: one row.
 pub(crate) static SETTINGS: Prepared =
     Prepared { name: "runlimit_settings_v1", prepare: include_str!("../sql/settings_prepare.sql") };
 
