@@ -96,7 +96,7 @@ pub(crate) enum Protocol {
     /// Statements prepared per connection and calls to the admission functions the latest
     /// migrations install, whose plans PostgreSQL keeps per connection.
     #[default]
-    Functions,
+    Prepared,
     /// The simple-query statements of earlier releases, rendered and planned per admission.
     Statements,
 }
@@ -108,7 +108,7 @@ impl Default for PostgresConfig {
             pool_acquire_timeout: Duration::from_secs(1),
             operation_timeout: Duration::from_secs(2),
             maximum_rows_per_shard: 4_096,
-            protocol: Protocol::Functions,
+            protocol: Protocol::Prepared,
         }
     }
 }
@@ -271,7 +271,7 @@ mod serde_impls {
                     .map_err(D::Error::custom)?,
                 maximum_rows_per_shard: validate_rows(repr.maximum_rows_per_shard)
                     .map_err(D::Error::custom)?,
-                protocol: Protocol::Functions,
+                protocol: Protocol::Prepared,
             })
         }
     }

@@ -84,10 +84,12 @@
 //! functions `public.runlimit_fixed_windows_*` that pin `search_path = pg_catalog, pg_temp`.
 //! The GCRA stream adds `public.runlimit_gcra`, `public.runlimit_gcra_shards` and the trigger
 //! functions `public.runlimit_gcra_*`, with the same rules.
-//! Every admission and cleanup sets the transaction-local `search_path` to
-//! `pg_catalog, pg_temp` before any statement that resolves names, and names only
-//! schema-qualified functions before that, so a caller-controlled `search_path` (a hostile
-//! `clock_timestamp()`, `=` operator or same-named table earlier on the path) changes nothing.
+//! Every statement an admission sends or prepares names its tables, functions, types and
+//! operators schema-qualified (`OPERATOR(pg_catalog.=)`), the PL/pgSQL functions pin
+//! `search_path = pg_catalog, pg_temp`, and the other operations (peek, reset, cleanup) set that
+//! `search_path` for their transaction before any statement that resolves names, so a
+//! caller-controlled `search_path` (a hostile `clock_timestamp()`, `=` operator or same-named
+//! table earlier on the path) changes nothing.
 //! The migrations themselves run with the migrating connection's `search_path`; run them with a
 //! trusted one.
 //!

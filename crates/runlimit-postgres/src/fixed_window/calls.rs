@@ -94,7 +94,8 @@ pub(crate) static PREFLIGHT_BATCH: Prepared = Prepared {
 pub(crate) fn lock(timeout_ms: u128, lock_ids: &[i64], batch: bool) -> (String, &'static Prepared) {
     match lock_ids {
         [lock_id] if !batch => (
-            format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text, {lock_id}::bigint);\n", LOCK_ONE.name),
+            // Quoted: `-9223372036854775808::bigint` would cast the positive number first.
+            format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text, '{lock_id}'::bigint);\n", LOCK_ONE.name),
             &LOCK_ONE,
         ),
         _ => (
@@ -178,8 +179,9 @@ mod tests {
         let (one_lock, statement) = lock(1_500, &[-5], false);
         assert_eq!(
             one_lock,
-            "EXECUTE runlimit_fixed_window_lock_one_v1('1500'::pg_catalog.text, -5::bigint);\n"
+            "EXECUTE runlimit_fixed_window_lock_one_v1('1500'::pg_catalog.text, '-5'::bigint);\n"
         );
+        assert!(lock(1_500, &[i64::MIN], false).0.ends_with(", '-9223372036854775808'::bigint);\n"));
         assert_eq!(statement.name, LOCK_ONE.name);
         let (one, statement) = preflight(&[key], &[3]);
         assert_eq!(one, format!("EXECUTE runlimit_fixed_window_preflight_one_v1({decoded}, 3::bigint);\n"));

@@ -305,7 +305,7 @@ impl Algorithm for GcraPolicy {
         shards.dedup();
         let protocol = config.protocol();
         let evaluated = match protocol {
-            Protocol::Functions => {
+            Protocol::Prepared => {
                 evaluate_calls(connection, deadline, config, &keys, &specs, &shards, mode).await
             }
             Protocol::Statements => {
@@ -317,7 +317,7 @@ impl Algorithm for GcraPolicy {
             Err(error) => return (Err(error), false),
         };
         let ending = plan.ending(|writes| match protocol {
-            Protocol::Functions => (calls::write(&keys, writes, &shards, now_ms), 1),
+            Protocol::Prepared => (calls::write(&keys, writes, &shards, now_ms), 1),
             Protocol::Statements => (sql::write(&keys, writes, &shards, now_ms), 1),
         });
         transaction::end(connection, deadline, config.operation_timeout(), ending).await

@@ -1,6 +1,6 @@
 //! The GCRA v1 statement protocol of earlier releases: scripts built from the
 //! `src/sql/gcra_*.sql` templates and sent through [`crate::script::run`] as simple-query
-//! round trips. Admissions now call the admission functions (`super::calls`); these statements
+//! round trips. Admissions now run prepared statements (`super::calls`); these statements
 //! remain for peek, reset and cleanup, and as the admission protocol of the hidden
 //! `PostgresConfig::with_previous_admission_protocol`.
 //!

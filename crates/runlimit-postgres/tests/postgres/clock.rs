@@ -17,8 +17,8 @@
 //!
 //! The rewrite replaces a function call that PostgreSQL evaluates at execution time, so a
 //! statement SQLx prepared and cached before an `advance` reads the new instant when it runs
-//! again. Everything the function reads is schema-qualified: the limiters run with
-//! `search_path = pg_catalog, pg_temp` inside their transactions.
+//! again. Everything the function reads is schema-qualified, so it reads the same tables whatever
+//! `search_path` a limiter's transaction runs with.
 //!
 //! The proxy answers an `SSLRequest` or `GSSENCRequest` with 'N' itself and never forwards it:
 //! the test server may well accept TLS (the reference server has `ssl = on` and answers 'S'),

@@ -1,8 +1,8 @@
 //! The admission protocol on the wire, and its interoperation with the previous release's.
 //!
-//! Admissions run in simple-query round trips: fixed windows execute statements prepared on
-//! each connection and call PL/pgSQL admission functions (`src/fixed_window/calls.rs`), GCRA
-//! calls its admission functions (`src/gcra/calls.rs`). A [`CountingProxy`] in front of
+//! Admissions run in simple-query round trips: both limiters execute statements prepared on
+//! each connection (`src/fixed_window/calls.rs`, `src/gcra/calls.rs`), and fixed windows call
+//! PL/pgSQL admission functions for new keys and ended windows. A [`CountingProxy`] in front of
 //! the server frames the frontend stream and records every `Query` message's SQL text and every
 //! extended-protocol message, so the round trips and statements of one admission can be pinned
 //! exactly. The second pair of tests runs limiters of the previous statement protocol
