@@ -20,10 +20,10 @@ use runlimit_core::{BatchError, ConsumptionStatus};
 ///
 /// [`PostgresGcraLimiter`](crate::PostgresGcraLimiter) reports its transaction-local settings in
 /// [`Begin`](Self::Begin), the ledger row locks of its shards (the prepared statement
-/// `runlimit_gcra_lock_v1`) in [`Lock`](Self::Lock), the read of the arrival times and the
-/// clock that follows them (`runlimit_gcra_read_v1`) in [`Preflight`](Self::Preflight), and its
-/// writes (`runlimit_gcra_write_v1` or `runlimit_gcra_write_inserts_v1`) in
-/// [`Update`](Self::Update).
+/// `runlimit_gcra_lock_one_v1` or `_lock_v1`) in [`Lock`](Self::Lock), the read of the arrival
+/// times and the clock that follows them (`runlimit_gcra_read_one_v1` or `_read_v1`) in
+/// [`Preflight`](Self::Preflight), and its writes (`runlimit_gcra_write_one_v1`,
+/// `_write_one_insert_v1`, `_write_v1` or `_write_inserts_v1`) in [`Update`](Self::Update).
 ///
 /// A timeout reported by PostgreSQL (its `lock_timeout` or `statement_timeout`) names the
 /// statement that waited. PostgreSQL sends a round trip's results together, so a timeout the

@@ -43,7 +43,7 @@ use crate::{
 };
 
 /// A statement Runlimit prepares on each connection that uses it.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Prepared {
     /// The statement's name.
     pub(crate) name: &'static str,

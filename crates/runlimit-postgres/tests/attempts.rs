@@ -555,7 +555,7 @@ async fn observers_and_a_lost_commit_acknowledgement() {
     assert!(matches!(error, CheckError::CommitOutcomeUnknown { .. }), "{error:?}");
     assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
     // Here the server did commit the second failure: never replay an uncertain completion.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    support::settled_server(&mut connection).await;
     let failures: i64 = sqlx::query_scalar("SELECT consecutive_failures FROM public.runlimit_attempts")
         .fetch_one(&mut connection)
         .await

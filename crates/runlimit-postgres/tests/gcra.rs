@@ -607,7 +607,7 @@ async fn lost_commit_is_uncertain_and_lost_rollback_keeps_the_denial() {
     let error = limiter.check(&key).await.unwrap_err();
     assert!(matches!(error, CheckError::CommitOutcomeUnknown { .. }), "{error:?}");
     assert_eq!(error.consumption(), ConsumptionStatus::MayHaveBeenConsumed);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    support::settled_server(&mut admin).await;
     let after = stored_row(&mut admin, &key).await.unwrap();
     assert_eq!(after.0, before.0 + 3_600_000, "the unacknowledged commit consumed one unit");
 

@@ -18,6 +18,10 @@
 //!    insert the new rows in ascending key order) and `COMMIT`, or just `ROLLBACK` after a
 //!    denial.
 //!
+//! A one-check admission runs the same phases through statements of one shard and one key
+//! (`runlimit_gcra_lock_one_v1`, `_read_one_v1`, `_write_one_v1` or `_write_one_insert_v1`),
+//! whose scalar parameters make simpler plans than the arrays of a batch.
+//!
 //! PostgreSQL plans these statements once per connection; per admission it parses statement
 //! names and literal arguments. The statement protocol of earlier releases (`super::sql`)
 //! takes the same locks in the same order, writes the same rows and verifies the same way (a
@@ -58,22 +62,59 @@ pub(crate) static WRITE_INSERTS: Prepared = Prepared {
     prepare: include_str!("../sql/gcra_prepare_write_inserts.sql"),
 };
 
+/// [`LOCK`] of one shard (`$1`).
+pub(crate) static LOCK_ONE: Prepared =
+    Prepared { name: "runlimit_gcra_lock_one_v1", prepare: include_str!("../sql/gcra_prepare_lock_one.sql") };
+
+/// [`READ`] of one key (`$1`): one row, its ordinal 1 when the key is stored, else null.
+pub(crate) static READ_ONE: Prepared =
+    Prepared { name: "runlimit_gcra_read_one_v1", prepare: include_str!("../sql/gcra_prepare_read_one.sql") };
+
+/// [`WRITE`] of one stored key (`$3`) in the shard `$2`, with `($4, $5, $6)`.
+pub(crate) static WRITE_ONE: Prepared = Prepared {
+    name: "runlimit_gcra_write_one_v1",
+    prepare: include_str!("../sql/gcra_prepare_write_one.sql"),
+};
+
+/// The write of one new key (`$3`, inserted with `($4, $5, $6)`) in the shard `$2`.
+pub(crate) static WRITE_ONE_INSERT: Prepared = Prepared {
+    name: "runlimit_gcra_write_one_insert_v1",
+    prepare: include_str!("../sql/gcra_prepare_write_one_insert.sql"),
+};
+
+/// The statements the write round trip of a one-check admission (`batch` false) or of a batch
+/// may execute.
+pub(crate) fn writes(batch: bool) -> [&'static Prepared; 2] {
+    if batch { [&WRITE, &WRITE_INSERTS] } else { [&WRITE_ONE, &WRITE_ONE_INSERT] }
+}
+
 /// `EXECUTE runlimit_settings_v1(..)` with both timeouts `timeout_ms` milliseconds.
 pub(crate) fn settings(timeout_ms: u128) -> String {
     format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text);\n", SETTINGS.name)
 }
 
-/// `EXECUTE runlimit_gcra_lock_v1(..)` of `shards` (ascending, distinct).
-pub(crate) fn lock(shards: &[i16]) -> String {
-    format!("EXECUTE {}({}::smallint[]);\n", LOCK.name, array_literal(shards))
+/// The lock statement of `shards` (ascending, distinct) and the statement it executes:
+/// [`LOCK_ONE`] for a one-check admission (`batch` false), else [`LOCK`].
+pub(crate) fn lock(shards: &[i16], batch: bool) -> (String, &'static Prepared) {
+    match shards {
+        [shard] if !batch => (format!("EXECUTE {}({shard}::smallint);\n", LOCK_ONE.name), &LOCK_ONE),
+        _ => (format!("EXECUTE {}({}::smallint[]);\n", LOCK.name, array_literal(shards)), &LOCK),
+    }
 }
 
-/// `EXECUTE runlimit_gcra_read_v1(..)` of `keys`.
-pub(crate) fn read(keys: &[[u8; 64]]) -> String {
+/// The read statement of `keys` and the statement it executes: [`READ_ONE`] for one key, else
+/// [`READ`].
+pub(crate) fn read(keys: &[[u8; 64]]) -> (String, &'static Prepared) {
+    if let [key] = keys {
+        let mut sql = format!("EXECUTE {}(", READ_ONE.name);
+        push_bytea(&mut sql, key);
+        sql.push_str(");\n");
+        return (sql, &READ_ONE);
+    }
     let mut sql = format!("EXECUTE {}(", READ.name);
     push_keys(&mut sql, keys.iter());
     sql.push_str(");\n");
-    sql
+    (sql, &READ)
 }
 
 /// Appends `ARRAY[pg_catalog.decode('<hex>', 'hex'), ..]::pg_catalog.bytea[]` of `keys`.
@@ -102,8 +143,19 @@ fn push_values<'a>(sql: &mut String, writes: impl Iterator<Item = &'a GcraWrite>
 }
 
 /// The write statement of an allowed batch decided at `now_ms`: advances the watermarks of
-/// `shards` and writes one row per key ([`WRITE`], or [`WRITE_INSERTS`] when a key is new).
+/// `shards` and writes one row per key ([`WRITE_ONE`] or [`WRITE_ONE_INSERT`] for a one-check
+/// admission; for a batch [`WRITE`], or [`WRITE_INSERTS`] when a key is new).
 pub(crate) fn write(keys: &[[u8; 64]], writes: &[GcraWrite], shards: &[i16], now_ms: u64) -> String {
+    if let ([key], [write], [shard]) = (keys, writes, shards) {
+        let statement = if write.insert { &WRITE_ONE_INSERT } else { &WRITE_ONE };
+        let mut sql = format!("EXECUTE {}({now_ms}::bigint, {shard}::smallint, ", statement.name);
+        push_bytea(&mut sql, key);
+        sql.push_str(&format!(
+            ", {}::bigint, {}::bigint, {}::bigint);\n",
+            write.tat.tat_ms, write.tat.tat_remainder, write.expires_at_ms
+        ));
+        return sql;
+    }
     let pairs = || keys.iter().zip(writes);
     let updates = || pairs().filter(|(_, write)| !write.insert);
     let inserts = || pairs().filter(|(_, write)| write.insert);
@@ -131,11 +183,17 @@ mod tests {
         let key = [0xAB; 64];
         let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
         assert_eq!(settings(1_500), "EXECUTE runlimit_settings_v1('1500'::pg_catalog.text);\n");
-        assert_eq!(lock(&[0, 7, 255]), "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n");
+        assert_eq!(lock(&[0, 7, 255], true).0, "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n");
+        assert_eq!(lock(&[7], true).1.name, LOCK.name);
         assert_eq!(
-            read(&[key, key]),
+            lock(&[7], false),
+            ("EXECUTE runlimit_gcra_lock_one_v1(7::smallint);\n".to_owned(), &LOCK_ONE)
+        );
+        assert_eq!(
+            read(&[key, key]).0,
             format!("EXECUTE runlimit_gcra_read_v1(ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[]);\n")
         );
+        assert_eq!(read(&[key]), (format!("EXECUTE runlimit_gcra_read_one_v1({decoded});\n"), &READ_ONE));
         let insert =
             GcraWrite { insert: true, tat: StoredTat { tat_ms: 10, tat_remainder: 2 }, expires_at_ms: 11 };
         let update =
@@ -149,13 +207,39 @@ mod tests {
             )
         );
         assert_eq!(
-            write(&[key], &[update], &[171], 9),
+            write(&[key, key], &[update, update], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_v1(9::bigint, '{{171}}'::smallint[], \
-                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[]);\n"
+                 ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[], '{{20,20}}'::bigint[], '{{3,3}}'::bigint[], \
+                 '{{21,21}}'::bigint[]);\n"
             )
         );
-        for statement in [&SETTINGS, &LOCK, &READ, &WRITE, &WRITE_INSERTS] {
+        assert_eq!(
+            write(&[key], &[update], &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_write_one_v1(9::bigint, 171::smallint, {decoded}, 20::bigint, 3::bigint, 21::bigint);\n"
+            )
+        );
+        assert_eq!(
+            write(&[key], &[insert], &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_write_one_insert_v1(9::bigint, 171::smallint, {decoded}, 10::bigint, 2::bigint, \
+                 11::bigint);\n"
+            )
+        );
+        assert_eq!(writes(false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
+        assert_eq!(writes(true), [&WRITE, &WRITE_INSERTS]);
+        for statement in [
+            &SETTINGS,
+            &LOCK,
+            &READ,
+            &WRITE,
+            &WRITE_INSERTS,
+            &LOCK_ONE,
+            &READ_ONE,
+            &WRITE_ONE,
+            &WRITE_ONE_INSERT,
+        ] {
             assert!(
                 statement.prepare.starts_with(&format!("PREPARE {} (", statement.name)),
                 "{}",

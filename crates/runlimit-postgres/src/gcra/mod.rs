@@ -243,6 +243,9 @@ async fn evaluate_calls(
     shards: &[i16],
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+    let batch = keys.len() > 1;
+    let (lock_sql, lock_prepared) = calls::lock(shards, batch);
+    let (read_sql, read_prepared) = calls::read(keys);
     let statements = [
         Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
         Statement {
@@ -250,11 +253,11 @@ async fn evaluate_calls(
             phase: CheckPhase::Begin,
             executes: Some(&calls::SETTINGS),
         },
-        Statement { sql: calls::lock(shards), phase: CheckPhase::Lock, executes: Some(&calls::LOCK) },
-        Statement { sql: calls::read(keys), phase: CheckPhase::Preflight, executes: Some(&calls::READ) },
+        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
+        Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) },
     ];
     let (lock_statement, read) = (2, 3);
-    let later = [&calls::WRITE, &calls::WRITE_INSERTS];
+    let later = calls::writes(batch);
     let output =
         prepared::run_phases(connection, &statements, deadline, &later, config.operation_timeout()).await?;
     let ledger = parse_ledger(&output, lock_statement, shards)?;

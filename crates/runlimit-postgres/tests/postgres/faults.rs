@@ -239,7 +239,7 @@ async fn a_lost_commit_acknowledgement_may_have_consumed() {
     // Here the server did commit: the unknown outcome was a consumption, which is why it is
     // never replayed automatically.
     let mut observer = db.connection().await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    settled_server(&mut observer).await;
     assert_eq!(stored_used(&mut observer, &check).await, Some(2));
     db.finish().await;
 }

@@ -423,7 +423,7 @@ async fn fixed_window_cleanup_observes_no_effect_and_unknown() {
     assert!(error.may_have_removed_rows());
     assert_eq!(cleanups.take(), [(CleanupOutcome::Unknown, 6)]);
     // The server did commit: both rows and their ledger slots are gone.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    settled_server(&mut admin).await;
     assert_eq!((fixed_window_rows(&mut admin).await, ledger_count(&mut admin, 40).await), (0, 0));
     assert_eq!(limiter.cleanup_expired(7).await.unwrap(), 0);
     assert_eq!(cleanups.take(), [(CleanupOutcome::Removed { count: 0 }, 7)]);
@@ -488,7 +488,7 @@ async fn gcra_cleanup_observes_no_effect_and_unknown() {
     assert!(error.may_have_removed_rows());
     assert_eq!(cleanups.take(), [(CleanupOutcome::Unknown, 6)]);
     // The server did commit: both rows are gone, their slots freed, the watermark advanced.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    settled_server(&mut admin).await;
     assert_eq!(gcra_rows(&mut admin).await, 0);
     let (rows, advanced) = gcra_shard_41(&mut admin).await;
     assert_eq!(rows, 0);

@@ -369,10 +369,14 @@ const PREPARE_FIXED_PREFLIGHT_BATCH: &str = "PREPARE runlimit_fixed_window_prefl
 const FIXED_RESERVE: &str = "SELECT * FROM public.runlimit_fixed_window_reserve(";
 const FIXED_WRITE: &str = "SELECT public.runlimit_fixed_window_write(";
 const SETTINGS: &str = "EXECUTE runlimit_settings_v1(";
-const GCRA_LOCK: &str = "EXECUTE runlimit_gcra_lock_v1(";
-const GCRA_READ: &str = "EXECUTE runlimit_gcra_read_v1(";
+const GCRA_LOCK: &str = "EXECUTE runlimit_gcra_lock_";
+const GCRA_READ: &str = "EXECUTE runlimit_gcra_read_";
 const GCRA_WRITE: &str = "EXECUTE runlimit_gcra_write_";
 const PREPARE_SETTINGS: &str = "PREPARE runlimit_settings_v1 (";
+const PREPARE_GCRA_LOCK_ONE: &str = "PREPARE runlimit_gcra_lock_one_v1 (";
+const PREPARE_GCRA_READ_ONE: &str = "PREPARE runlimit_gcra_read_one_v1 (";
+const PREPARE_GCRA_WRITE_ONE: &str = "PREPARE runlimit_gcra_write_one_v1 (";
+const PREPARE_GCRA_WRITE_ONE_INSERT: &str = "PREPARE runlimit_gcra_write_one_insert_v1 (";
 const PREPARE_GCRA_LOCK: &str = "PREPARE runlimit_gcra_lock_v1 (";
 const PREPARE_GCRA_READ: &str = "PREPARE runlimit_gcra_read_v1 (";
 const PREPARE_GCRA_WRITE: &str = "PREPARE runlimit_gcra_write_v1 (";
@@ -665,6 +669,32 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
                 BEGIN,
                 PREPARE_SETTINGS,
                 SETTINGS,
+                PREPARE_GCRA_LOCK_ONE,
+                GCRA_LOCK,
+                PREPARE_GCRA_READ_ONE,
+                GCRA_READ,
+                PREPARE_GCRA_WRITE_ONE,
+                PREPARE_GCRA_WRITE_ONE_INSERT,
+            ],
+            &[GCRA_WRITE, COMMIT],
+        ],
+        what,
+    );
+    assert_eq!(recording.figures(), (3, 16), "{what}");
+    // The first batch prepares the batch statements (the settings are there).
+    let warm_up_batch =
+        [gcra_check(&policy, subject(254, u64::MAX)), gcra_check(&policy, subject(253, u64::MAX))];
+    let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&warm_up_batch)).await;
+    assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+    let what = "GCRA, first batch on a connection";
+    assert_script(
+        &recording,
+        &[
+            &[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ],
+            &[
+                ROLLBACK,
+                BEGIN,
+                SETTINGS,
                 PREPARE_GCRA_LOCK,
                 GCRA_LOCK,
                 PREPARE_GCRA_READ,
@@ -676,7 +706,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         ],
         what,
     );
-    assert_eq!(recording.figures(), (3, 16), "{what}");
+    assert_eq!(recording.figures(), (3, 15), "{what}");
     for size in sizes {
         let checks: Vec<_> = (0..size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
         let context = |what: &str| format!("GCRA, batch of {size}, {what}");

@@ -157,6 +157,27 @@ pub(crate) async fn waiting_backend(connection: &mut PgConnection, database: &st
     panic!("no backend started waiting on a lock");
 }
 
+/// Waits (at most 10 s) until no backend of the current database but `connection`'s own has a
+/// transaction open or a statement running: a `COMMIT` that a cut connection forwarded (its
+/// answer lost) has then been processed, however busy the server is.
+pub(crate) async fn settled_server(connection: &mut PgConnection) {
+    for _ in 0..1_000 {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+             WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid() \
+             AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')",
+        )
+        .fetch_one(&mut *connection)
+        .await
+        .expect("poll pg_stat_activity");
+        if busy == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("a backend of the test database stayed busy for 10 s");
+}
+
 /// The ledger row count of `shard`.
 pub(crate) async fn ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
     sqlx::query_scalar("SELECT row_count FROM public.runlimit_fixed_window_shards WHERE shard = $1")
