@@ -73,8 +73,8 @@ with_prepare() {
 }
 with_prepare "$here/runlimit_check.sql" "$sql/fixed_window_prepare_lock_one.sql" \
   "$sql/fixed_window_prepare_preflight_one.sql" > "$check_script"
-with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_lock.sql" \
-  "$sql/gcra_prepare_read.sql" "$sql/gcra_prepare_write.sql" > "$gcra_script"
+with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_lock_one.sql" \
+  "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" > "$gcra_script"
 scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_check previous_check simplified_check}"
 clients="${RUNLIMIT_PGBENCH_CLIENTS:-8}"
 seconds="${RUNLIMIT_PGBENCH_SECONDS:-4}"
