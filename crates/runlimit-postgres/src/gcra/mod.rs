@@ -215,16 +215,30 @@ async fn evaluate(
     phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
     let output =
         transaction::run_phases(connection, sql, deadline, &phases, config.operation_timeout()).await?;
-    let ledger = parse_ledger(&output, lock_statement, shards)?;
+    decide_answer(&output, lock_statement, shards, specs, config, mode)
+}
+
+/// Decides from the first round trip's answer: the ledger rows of `shards` (statement
+/// `lock_statement`), then the arrival times and the clock sample (the statement after it),
+/// both protocols' shapes alike. Returns the plan and the clamped time it was decided at.
+fn decide_answer(
+    output: &ScriptOutput,
+    lock_statement: usize,
+    shards: &[i16],
+    specs: &[GcraSpec],
+    config: &PostgresConfig,
+    mode: QuotaMode,
+) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+    let ledger = parse_ledger(output, lock_statement, shards)?;
     let read = lock_statement + 1;
     let phase = CheckPhase::Preflight;
-    let stored = per_check(&output, read, keys.len(), phase, |row| {
+    let stored = per_check(output, read, specs.len(), phase, |row| {
         Ok(StoredTat {
             tat_ms: column(row, "tat_ms", phase)?,
             tat_remainder: column(row, "tat_remainder", phase)?,
         })
     })?;
-    let clock_ms = clock_sample(&output, read, "now_ms", phase)?;
+    let clock_ms = clock_sample(output, read, "now_ms", phase)?;
     let bad = malformed(phase);
     let now_ms =
         effective_now(clock_ms, ledger.iter().flatten().map(|row| row.watermark_ms)).map_err(&bad)?;
@@ -256,24 +270,11 @@ async fn evaluate_calls(
         Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
         Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) },
     ];
-    let (lock_statement, read) = (2, 3);
+    let lock_statement = 2;
     let later = calls::writes(batch);
     let output =
         prepared::run_phases(connection, &statements, deadline, &later, config.operation_timeout()).await?;
-    let ledger = parse_ledger(&output, lock_statement, shards)?;
-    let phase = CheckPhase::Preflight;
-    let stored = per_check(&output, read, keys.len(), phase, |row| {
-        Ok(StoredTat {
-            tat_ms: column(row, "tat_ms", phase)?,
-            tat_remainder: column(row, "tat_remainder", phase)?,
-        })
-    })?;
-    let clock_ms = clock_sample(&output, read, "now_ms", phase)?;
-    let bad = malformed(phase);
-    let now_ms =
-        effective_now(clock_ms, ledger.iter().flatten().map(|row| row.watermark_ms)).map_err(&bad)?;
-    let plan = decide(specs, &stored, now_ms, &ledger, config.maximum_rows_per_shard(), mode).map_err(bad)?;
-    Ok((plan, now_ms))
+    decide_answer(&output, lock_statement, shards, specs, config, mode)
 }
 
 /// The GCRA v1 protocol (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
