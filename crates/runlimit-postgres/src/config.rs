@@ -183,8 +183,8 @@ impl PostgresConfig {
     }
 
     /// Sends admissions (checks and batches) as the statements earlier releases send instead
-    /// of prepared statements and calls to the admission functions, for testing that replicas of both releases
-    /// interoperate on one database. Not part of the supported API: it may change or go away
+    /// of prepared statements and calls to the admission functions, for testing that replicas
+    /// of both releases interoperate on one database. Not part of the supported API: it may change or go away
     /// in any release, and it is not serialized.
     #[doc(hidden)]
     #[must_use]

@@ -1,35 +1,36 @@
-//! Statements Runlimit prepares on a connection with SQL `PREPARE` and runs by name with
-//! `EXECUTE` inside simple-query scripts.
+//! Statements Runlimit prepares on a connection with SQL `PREPARE` and runs by name with `EXECUTE`
+//! inside simple-query scripts.
 //!
-//! A prepared statement is parsed, analyzed and planned once per connection; PostgreSQL keeps
-//! its plan in the session (`plan_cache_mode = force_generic_plan`, set transaction-locally
-//! by the statements that need it, keeps that one plan instead of planning each execution
-//! for its arguments). What an admission sends per execution is the statement name and its
-//! literal arguments. SQL-level `EXECUTE` is used instead of the extended protocol's prepared
-//! statements because SQLx sends each extended-protocol statement as a round trip of its own:
-//! `EXECUTE` keeps the several statements of an admission phase in one simple query.
+//! A prepared statement is parsed, analyzed and planned once per connection; PostgreSQL keeps its
+//! plan in the session (`plan_cache_mode = force_generic_plan`, set transaction-locally by the
+//! statements that need it, keeps that one plan instead of planning each execution for its
+//! arguments). What an admission sends per execution is the statement name and its literal
+//! arguments. SQL-level `EXECUTE` is used instead of the extended protocol's prepared statements
+//! because SQLx sends each extended-protocol statement as a round trip of its own: `EXECUTE` keeps
+//! the several statements of an admission phase in one simple query.
 //!
-//! Prepared statements belong to a session, and Runlimit does not own the pool's
-//! connections (it cannot prepare them when they are opened), so it prepares lazily: a script
-//! is sent as if its statements were prepared, and when the server answers that one is not
-//! (SQLSTATE 26000, `invalid_sql_statement_name`: a new connection, or one whose session ran
-//! `DEALLOCATE` or `DISCARD`), the failed transaction, which has done nothing, is rolled back
-//! and the script sent again in the same round trip with a `PREPARE` right before the
-//! `EXECUTE` of each statement from the failing one on, and the `PREPARE` statements of the
-//! statements a later round trip of the same operation executes at its end. They run inside
-//! the transaction, after `BEGIN` (which must be a transaction's first statement to set its
-//! isolation level whatever the session's defaults) and after the statements before them, so a
-//! `PREPARE` that has to lock a table to analyze it waits under the timeouts those set; a
-//! prepared statement outlives the transaction it was prepared in, even one rolled back. The first admission on each connection therefore costs one more round
-//! trip. (A later round trip that finds its statement missing, because the session deallocated
-//! that one statement alone, fails its operation without consuming anything and closes the
-//! connection, so the next operation prepares everything on a new one.) A `PREPARE` the server refuses because the name is taken (SQLSTATE
-//! 42P05, `duplicate_prepared_statement`) means that statement exists, and it is not prepared
-//! again. Anything else fails the operation, classified as every other failure of its phase.
+//! Prepared statements belong to a session, and Runlimit does not own the pool's connections (it
+//! cannot prepare them when they are opened), so it prepares lazily: a script is sent as if its
+//! statements were prepared, and when the server answers that one is not (SQLSTATE 26000,
+//! `invalid_sql_statement_name`: a new connection, or one whose session ran `DEALLOCATE` or
+//! `DISCARD`), the failed transaction, which has done nothing, is rolled back and the script sent
+//! again in the same round trip with a `PREPARE` right before the `EXECUTE` of each statement from
+//! the failing one on, and the `PREPARE` statements of the statements a later round trip of the
+//! same operation executes at its end. They run inside the transaction, after `BEGIN` (which must
+//! be a transaction's first statement to set its isolation level whatever the session's defaults)
+//! and after the statements before them, so a `PREPARE` that has to lock a table to analyze it
+//! waits under the timeouts those set; a prepared statement outlives the transaction it was
+//! prepared in, even one rolled back. The first admission on each connection therefore costs one
+//! more round trip. (A later round trip that finds its statement missing, because the session
+//! deallocated that one statement alone, fails its operation without consuming anything and closes
+//! the connection, so the next operation prepares everything on a new one.) A `PREPARE` the server
+//! refuses because the name is taken (SQLSTATE 42P05, `duplicate_prepared_statement`) means that
+//! statement exists, and it is not prepared again. Anything else fails the operation, classified as
+//! every other failure of its phase.
 //!
 //! The statement texts name every table, function and operator schema-qualified
-//! (`OPERATOR(pg_catalog.=)`), so the `search_path` in force when they are prepared or run
-//! changes nothing; names end in a version (`_v1`), and a text never changes under a name.
+//! (`OPERATOR(pg_catalog.=)`), so the `search_path` in force when they are prepared or run changes
+//! nothing; names end in a version (`_v1`), and a text never changes under a name.
 
 use std::time::Duration;
 
@@ -128,8 +129,9 @@ fn script(rollback_first: bool, statements: &[Statement], to_prepare: &[&'static
     sent
 }
 
-/// Runs the first round trip of an admission, `statements` (the first of them `BEGIN`),
-/// preparing the statements they execute where the connection lacks them, together with
+/// Runs the first round trip of an admission, `statements` (the first of them `BEGIN`; for the
+/// statement protocol of earlier releases none executes a prepared statement, and this is one
+/// plain script), preparing the statements they execute where the connection lacks them, together with
 /// `later`, the statements later round trips of the operation execute (see the [module
 /// docs](self)). The output is that of `statements` alone, statement indices as in
 /// `statements`.

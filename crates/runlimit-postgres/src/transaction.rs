@@ -79,29 +79,6 @@ pub(crate) async fn run<T>(
     result
 }
 
-/// Runs the first round trip of an admission, `sql`, whose statement `i` belongs to
-/// `phases[i]`: a failure is classified by [`check_failure`], and an answer with another number
-/// of statements is a malformed response of the last phase.
-pub(crate) async fn run_phases(
-    connection: &mut PgConnection,
-    sql: String,
-    deadline: Deadline,
-    phases: &[CheckPhase],
-    timeout: Duration,
-) -> Result<script::ScriptOutput, CheckError> {
-    let output = script::run(connection, sql, deadline)
-        .await
-        .map_err(|error| check_failure(error, phases, timeout))?;
-    if output.affected.len() == phases.len() {
-        Ok(output)
-    } else {
-        Err(CheckError::MalformedResponse {
-            phase: phases.last().copied().unwrap_or(CheckPhase::Begin),
-            reason: "statement count differs",
-        })
-    }
-}
-
 /// Opens the transaction in one round trip: `BEGIN` and the transaction-local settings, for
 /// work that continues with its own statements.
 pub(crate) async fn begin(

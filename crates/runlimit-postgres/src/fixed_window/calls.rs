@@ -10,8 +10,8 @@
 //! 1. `BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE`,
 //!    `EXECUTE runlimit_fixed_window_lock_one_v1` (one check) or `.._lock_batch_v1` (more: the
 //!    transaction-local `statement_timeout` and `lock_timeout`, for a batch also
-//!    `plan_cache_mode = force_generic_plan` and `enable_seqscan = off`, then every advisory lock in ascending order, each
-//!    wait bounded by `lock_timeout`; `statement_timeout`, armed when a statement starts,
+//!    `plan_cache_mode = force_generic_plan` and `enable_seqscan = off`, then every advisory
+//!    lock in ascending order, each wait bounded by `lock_timeout`; `statement_timeout`, armed when a statement starts,
 //!    bounds the statements after this one, as with the statements of earlier releases) and
 //!    `EXECUTE runlimit_fixed_window_preflight_one_v1` (one check) or
 //!    `.._preflight_batch_v1` (more): one `UPDATE` that row-locks every stored counter whose

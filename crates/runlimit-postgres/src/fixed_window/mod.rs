@@ -230,16 +230,19 @@ async fn evaluate(
     mode: QuotaMode,
 ) -> Result<(Plan<Write>, i64), CheckError> {
     let timeout = config.operation_timeout();
-    let lock_ids = lock_ids(keys);
 
     // One round trip: BEGIN, the settings and locks, the preflight with its clock sample.
-    let mut sql = script::begin().to_owned();
-    sql.push_str(&sql::lock(config.server_timeout_millis(), &lock_ids));
-    sql.push_str(&sql::preflight(keys));
-    let lock_statement = script::BEGIN_STATEMENTS;
-    let mut phases = vec![CheckPhase::Begin; lock_statement];
-    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
-    let output = transaction::run_phases(connection, sql, deadline, &phases, timeout).await?;
+    let statements = [
+        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
+        Statement {
+            sql: sql::lock(config.server_timeout_millis(), &lock_ids(keys)),
+            phase: CheckPhase::Lock,
+            executes: None,
+        },
+        Statement { sql: sql::preflight(keys), phase: CheckPhase::Preflight, executes: None },
+    ];
+    let lock_statement = 1;
+    let output = prepared::run_phases(connection, &statements, deadline, &[], timeout).await?;
     if output.only_row(lock_statement).is_none() {
         return Err(CheckError::MalformedResponse {
             phase: CheckPhase::Lock,
@@ -335,9 +338,7 @@ async fn evaluate_calls(
         phase = CheckPhase::Reserve;
         let unreturned_keys: Vec<[u8; 64]> = unreturned.iter().map(|index| keys[*index]).collect();
         let unreturned_costs: Vec<u64> = unreturned.iter().map(|index| costs[*index]).collect();
-        let mut shards: Vec<i16> = unreturned.iter().map(|index| i16::from(specs[*index].shard)).collect();
-        shards.sort_unstable();
-        shards.dedup();
+        let shards = missing_shards(specs, &stored);
         let output =
             script::run(connection, calls::reserve(&unreturned_keys, &unreturned_costs, &shards), deadline)
                 .await

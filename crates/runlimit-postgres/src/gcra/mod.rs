@@ -206,15 +206,19 @@ async fn evaluate(
     shards: &[i16],
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
-    let mut sql = script::begin().to_owned();
-    sql.push_str(&script::settings(config.server_timeout_millis()));
-    sql.push_str(&sql::lock(shards));
-    sql.push_str(&sql::read(keys));
-    let lock_statement = script::BEGIN_STATEMENTS + 1;
-    let mut phases = vec![CheckPhase::Begin; lock_statement];
-    phases.extend([CheckPhase::Lock, CheckPhase::Preflight]);
+    let statements = [
+        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
+        Statement {
+            sql: script::settings(config.server_timeout_millis()),
+            phase: CheckPhase::Begin,
+            executes: None,
+        },
+        Statement { sql: sql::lock(shards), phase: CheckPhase::Lock, executes: None },
+        Statement { sql: sql::read(keys), phase: CheckPhase::Preflight, executes: None },
+    ];
+    let lock_statement = 2;
     let output =
-        transaction::run_phases(connection, sql, deadline, &phases, config.operation_timeout()).await?;
+        prepared::run_phases(connection, &statements, deadline, &[], config.operation_timeout()).await?;
     decide_answer(&output, lock_statement, shards, specs, config, mode)
 }
 
