@@ -1,0 +1,274 @@
+//! Where the counters live: process memory, Redis or PostgreSQL.
+
+use std::{collections::HashMap, fmt::Write as _, sync::Arc};
+
+use runlimit_memory::{Clock, GcraStore, MemoryStore, MemoryStoreConfig, SystemClock};
+use runlimit_postgres::{MigrationError, PostgresConfig, PostgresGcraLimiter, PostgresLimiter};
+use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter};
+use sha2::{Digest as _, Sha256};
+
+use crate::config::RuleTable;
+
+/// The longest `--redis-key-prefix` accepted: 47 bytes. Each domain's keys live under the
+/// prefix, `:` and 16 hex digits of a hash of the domain name (64 bytes at most, the longest
+/// prefix runlimit-redis accepts).
+pub const MAX_REDIS_KEY_PREFIX_LEN: usize = 47;
+
+/// The counters' storage, shared by every domain of the rule table.
+///
+/// | backend | shared by replicas | set-up |
+/// |---|---|---|
+/// | [`memory`](Self::memory) | no: each process counts on its own | none |
+/// | [`redis`](Self::redis) | yes, with the same server, key prefix and key secret | Redis 7 or newer, `maxmemory-policy noeviction` |
+/// | [`postgres`](Self::postgres) | yes, with the same database and key secret | the runlimit-postgres migrations (applied by [`prepare`](Self::prepare)) |
+///
+/// Each algorithm has its own limiter: fixed-window rules use `MemoryStore`, `RedisLimiter`
+/// or `PostgresLimiter`, GCRA rules `GcraStore`, `RedisGcraLimiter` or `PostgresGcraLimiter`.
+/// On Redis, every domain has a limiter of its own (sharing the connection), whose keys carry
+/// the hash tag `{PREFIX:DOMAIN-HASH}`: in a Redis Cluster a domain's counters live in one hash
+/// slot, so every request (which names one domain) is one atomic script on one node.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    kind: Kind,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    Memory(Arc<MemoryLimiters>),
+    Redis { fixed: RedisLimiter, gcra: RedisGcraLimiter, prefix: String },
+    Postgres(Arc<PostgresLimiters>),
+}
+
+/// The memory stores' clock: the system's, or one the embedder (a test) controls.
+pub(crate) type SharedClock = Arc<dyn Clock>;
+
+pub(crate) struct MemoryLimiters {
+    pub(crate) fixed: MemoryStore<SharedClock>,
+    pub(crate) gcra: GcraStore<SharedClock>,
+}
+
+impl std::fmt::Debug for MemoryLimiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLimiters").finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PostgresLimiters {
+    pub(crate) fixed: PostgresLimiter,
+    pub(crate) gcra: PostgresGcraLimiter,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct RedisDomainLimiters {
+    pub(crate) fixed: RedisLimiter,
+    pub(crate) gcra: RedisGcraLimiter,
+}
+
+/// The limiters of one rule table.
+#[derive(Clone, Debug)]
+pub(crate) enum Limiters {
+    Memory(Arc<MemoryLimiters>),
+    Redis(Arc<HashMap<Box<str>, RedisDomainLimiters>>),
+    Postgres(Arc<PostgresLimiters>),
+}
+
+/// Why a backend could not be built or prepared.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The Redis URL is not one runlimit-redis can use.
+    #[error("not a usable Redis URL")]
+    RedisUrl {
+        /// runlimit-redis' reason.
+        #[source]
+        source: runlimit_redis::UrlError,
+    },
+    /// The Redis key prefix is longer than [`MAX_REDIS_KEY_PREFIX_LEN`] bytes or holds a
+    /// character runlimit-redis refuses.
+    #[error(
+        "invalid Redis key prefix `{prefix}`: at most {MAX_REDIS_KEY_PREFIX_LEN} ASCII letters, digits, '.', '_', \
+         '-' or ':'"
+    )]
+    RedisKeyPrefix {
+        /// The prefix.
+        prefix: String,
+    },
+    /// Redis could not be reached, or cannot hold limits (older than 7.0, evicting).
+    #[error("Redis at {address} cannot be used")]
+    RedisPrepare {
+        /// `host:port`.
+        address: String,
+        /// runlimit-redis' reason.
+        #[source]
+        source: PrepareError,
+    },
+    /// The runlimit-postgres migrations could not be applied.
+    #[error("the runlimit-postgres migrations could not be applied")]
+    Migrate {
+        /// Why.
+        #[source]
+        source: MigrationError,
+    },
+}
+
+impl Backend {
+    /// Hard-bounded process memory: each of the two stores (fixed window, GCRA) holds at most
+    /// `config.max_keys()` keys and never evicts a live one; a new key for a full shard is
+    /// denied (`OVER_LIMIT`).
+    #[must_use]
+    pub fn memory(config: MemoryStoreConfig) -> Self {
+        Self::memory_with_clock(config, Arc::new(SystemClock::new()))
+    }
+
+    /// [`memory`](Self::memory) on `clock` instead of the system's monotonic clock: a
+    /// `runlimit_memory::ManualClock` makes every window and delay a test observes exact.
+    #[must_use]
+    pub fn memory_with_clock(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
+        let limiters = MemoryLimiters {
+            fixed: MemoryStore::builder(config).with_clock(Arc::clone(&clock)).build(),
+            gcra: GcraStore::builder(config).with_clock(clock).build(),
+        };
+        Self { kind: Kind::Memory(Arc::new(limiters)) }
+    }
+
+    /// Redis at `url` (`redis://[USER:PASSWORD@]HOST[:PORT][/DB]`): one connection per
+    /// algorithm, opened by [`prepare`](Self::prepare). `config`'s key prefix is the base of
+    /// every domain's prefix (at most [`MAX_REDIS_KEY_PREFIX_LEN`] bytes); its placement is
+    /// ignored (each domain is one hash slot, see the type's docs).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::RedisUrl`] for an unusable URL; [`BackendError::RedisKeyPrefix`] for a
+    /// prefix too long to carry a domain.
+    pub fn redis(url: &str, config: &RedisConfig) -> Result<Self, BackendError> {
+        let prefix = config.key_prefix().as_str().to_owned();
+        if prefix.len() > MAX_REDIS_KEY_PREFIX_LEN {
+            return Err(BackendError::RedisKeyPrefix { prefix });
+        }
+        let fixed = RedisLimiter::new(url).map_err(|source| BackendError::RedisUrl { source })?;
+        let gcra = RedisGcraLimiter::new(url).map_err(|source| BackendError::RedisUrl { source })?;
+        Ok(Self {
+            kind: Kind::Redis {
+                fixed: fixed.with_config(config.clone()),
+                gcra: gcra.with_config(config.clone()),
+                prefix,
+            },
+        })
+    }
+
+    /// PostgreSQL through `pool`, with `config`'s bounds and timeouts; [`prepare`](Self::prepare)
+    /// applies the migrations.
+    #[must_use]
+    pub fn postgres(pool: sqlx::PgPool, config: PostgresConfig) -> Self {
+        let limiters = PostgresLimiters {
+            fixed: PostgresLimiter::new(pool.clone()).with_config(config),
+            gcra: PostgresGcraLimiter::new(pool).with_config(config),
+        };
+        Self { kind: Kind::Postgres(Arc::new(limiters)) }
+    }
+
+    /// Readies the backend for traffic: on Redis, connects, checks the server (Redis 7 or
+    /// newer, `maxmemory-policy noeviction`) and loads the scripts; on PostgreSQL, applies
+    /// the runlimit-postgres fixed-window and GCRA migrations. Nothing to do in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::RedisPrepare`] or [`BackendError::Migrate`].
+    pub async fn prepare(&self) -> Result<(), BackendError> {
+        match &self.kind {
+            Kind::Memory(_) => Ok(()),
+            Kind::Redis { fixed, gcra, .. } => {
+                let prepare = |source| BackendError::RedisPrepare { address: fixed.address(), source };
+                fixed.prepare().await.map_err(prepare)?;
+                gcra.prepare().await.map_err(prepare)
+            }
+            Kind::Postgres(limiters) => {
+                limiters.fixed.migrate().await.map_err(|source| BackendError::Migrate { source })?;
+                limiters.gcra.migrate().await.map_err(|source| BackendError::Migrate { source })
+            }
+        }
+    }
+
+    /// A short name: `memory`, `redis` or `postgres`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Memory(_) => "memory",
+            Kind::Redis { .. } => "redis",
+            Kind::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The limiters `table`'s domains use.
+    pub(crate) fn limiters(&self, table: &RuleTable) -> Limiters {
+        match &self.kind {
+            Kind::Memory(memory) => Limiters::Memory(Arc::clone(memory)),
+            Kind::Postgres(postgres) => Limiters::Postgres(Arc::clone(postgres)),
+            Kind::Redis { fixed, gcra, prefix } => {
+                let mut domains = HashMap::new();
+                for domain in table.domains() {
+                    let Ok(key_prefix) = KeyPrefix::new(&domain_prefix(prefix, &domain.name)) else {
+                        continue;
+                    };
+                    let config = fixed.config().clone().with_key_prefix(key_prefix);
+                    domains.insert(
+                        domain.name.clone(),
+                        RedisDomainLimiters {
+                            fixed: fixed.clone().with_config(config.clone()),
+                            gcra: gcra.clone().with_config(config),
+                        },
+                    );
+                }
+                Limiters::Redis(Arc::new(domains))
+            }
+        }
+    }
+}
+
+/// A domain's Redis key prefix: the base prefix, `:` and the first 16 hex digits of the
+/// SHA-256 of the domain name.
+pub(crate) fn domain_prefix(base: &str, domain: &str) -> String {
+    let digest = Sha256::digest(domain.as_bytes());
+    let mut prefix = format!("{base}:");
+    for byte in &digest[..8] {
+        let _ = write!(prefix, "{byte:02x}");
+    }
+    prefix
+}
+
+impl Limiters {
+    /// One bounded cleanup pass of expired state in shared storage (at most `maximum` entries
+    /// per limiter); memory stores clean up as they admit. Returns the entries removed.
+    pub(crate) async fn cleanup_expired(&self, maximum: u32) -> u64 {
+        let mut removed = 0;
+        match self {
+            Self::Memory(_) => {}
+            Self::Postgres(postgres) => {
+                for result in [
+                    postgres.fixed.cleanup_expired(maximum).await,
+                    postgres.gcra.cleanup_expired(maximum).await,
+                ] {
+                    match result {
+                        Ok(count) => removed += count,
+                        Err(error) => tracing::warn!(%error, "PostgreSQL cleanup failed"),
+                    }
+                }
+            }
+            Self::Redis(domains) => {
+                for limiters in domains.values() {
+                    for result in [
+                        limiters.fixed.cleanup_expired(maximum).await,
+                        limiters.gcra.cleanup_expired(maximum).await,
+                    ] {
+                        match result {
+                            Ok(count) => removed += count,
+                            Err(error) => tracing::warn!(%error, "Redis cleanup failed"),
+                        }
+                    }
+                }
+            }
+        }
+        removed
+    }
+}

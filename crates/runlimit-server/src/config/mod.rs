@@ -1,0 +1,859 @@
+//! Rule files: envoyproxy/ratelimit's YAML in, a validated [`RuleTable`] (or every problem,
+//! each with its file and document path) out.
+//!
+//! Pure apart from [`RuleTable::load`], which reads the files: [`RuleTable::from_sources`]
+//! takes the texts. See the crate documentation's "Configuration" section for the format and
+//! every way it differs from envoyproxy/ratelimit.
+
+mod error;
+mod glob;
+mod yaml;
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use runlimit_core::{FixedWindowPolicy, GcraPolicy, PolicyId, QuotaMode, ScopeId};
+use runlimit_http::draft_11::PolicyName;
+use sha2::{Digest as _, Sha256};
+
+pub use self::error::{ConfigError, ConfigErrorKind, ConfigErrors};
+pub(crate) use self::glob::Glob;
+use self::yaml::{FileDoc, RateLimitDoc, RuleDoc};
+
+/// A rule's time unit: the length of its window (or GCRA period).
+///
+/// Lengths are fixed: a month is 30 days and a year 365 days, as in envoyproxy/ratelimit.
+/// Windows are anchored at a key's first admission, so no unit follows the calendar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// 1 second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3,600 seconds.
+    Hour,
+    /// 86,400 seconds.
+    Day,
+    /// 604,800 seconds (7 days).
+    Week,
+    /// 2,592,000 seconds (30 days).
+    Month,
+    /// 31,536,000 seconds (365 days).
+    Year,
+}
+
+impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Self; 7] =
+        [Self::Second, Self::Minute, Self::Hour, Self::Day, Self::Week, Self::Month, Self::Year];
+
+    /// The unit's length in whole seconds.
+    #[must_use]
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
+            Self::Week => 604_800,
+            Self::Month => 2_592_000,
+            Self::Year => 31_536_000,
+        }
+    }
+
+    /// The unit's length.
+    #[must_use]
+    pub const fn duration(self) -> Duration {
+        Duration::from_secs(self.seconds())
+    }
+
+    /// The lowercase name the rule files use (`second` ... `year`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Second => "second",
+            Self::Minute => "minute",
+            Self::Hour => "hour",
+            Self::Day => "day",
+            Self::Week => "week",
+            Self::Month => "month",
+            Self::Year => "year",
+        }
+    }
+
+    /// The unit named `name` in any letter case, as envoyproxy/ratelimit reads it.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|unit| unit.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// The algorithm of a domain's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Runlimit's anchored fixed windows: `requests_per_unit` per window of one unit, the window
+    /// starting at a key's first admission (the default).
+    FixedWindow,
+    /// Runlimit's exact GCRA (extension `algorithm: gcra`): `requests_per_unit` replenished
+    /// evenly over each unit, at most `burst` at once.
+    Gcra,
+}
+
+impl Algorithm {
+    /// The name the rule files use: `fixed_window` or `gcra`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed_window",
+            Self::Gcra => "gcra",
+        }
+    }
+}
+
+/// The Runlimit policy of a limited rule.
+#[derive(Clone, Debug)]
+pub(crate) enum RulePolicy {
+    FixedWindow(FixedWindowPolicy),
+    Gcra(GcraPolicy),
+}
+
+impl RulePolicy {
+    pub(crate) fn with_quota_mode(self, mode: QuotaMode) -> Self {
+        match self {
+            Self::FixedWindow(policy) => Self::FixedWindow(policy.with_quota_mode(mode)),
+            Self::Gcra(policy) => Self::Gcra(policy.with_quota_mode(mode)),
+        }
+    }
+}
+
+/// What a rule does to the descriptors it matches.
+#[derive(Clone, Debug)]
+pub(crate) enum Quota {
+    /// `unlimited: true`: answered `OK` without touching storage.
+    Unlimited,
+    /// A limit of `requests_per_unit` per `unit`; `policy` is `None` exactly when
+    /// `requests_per_unit` is 0 (every request denied, nothing stored).
+    Limited { requests_per_unit: u32, unit: Unit, policy: Option<RulePolicy> },
+}
+
+/// One rule with a `rate_limit` block.
+#[derive(Clone, Debug)]
+pub(crate) struct Rule {
+    /// `domain.key_value.key...`, envoyproxy/ratelimit's name for the rule (its stats key).
+    pub(crate) path: Box<str>,
+    /// `rate_limit.name`.
+    pub(crate) name: Option<Box<str>>,
+    /// `rate_limit.replaces[].name`.
+    pub(crate) replaces: Box<[Box<str>]>,
+    pub(crate) quota: Quota,
+    /// `shadow_mode: true` on the rule, or the server's global shadow mode.
+    pub(crate) shadow: bool,
+    /// The name of the rule in `RateLimit-Policy` / `RateLimit` fields: `name`, else the
+    /// path, else (a path outside printable ASCII) the policy identifier.
+    pub(crate) header_name: PolicyName,
+}
+
+/// A node of a domain's rule tree: a matched rule entry, its rule (if it has a `rate_limit`)
+/// and its children.
+#[derive(Debug, Default)]
+pub(crate) struct Node {
+    pub(crate) rule: Option<usize>,
+    /// With `share_threshold: true`: the rule's wildcard pattern (`key_value*`), which takes
+    /// the place of the matched entry in the subject, so every match shares one counter.
+    pub(crate) share: Option<Box<str>>,
+    pub(crate) children: Level,
+}
+
+/// The rules of one `descriptors` list.
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    /// By key: the rules with a plain value, and the key-only rule.
+    pub(crate) keys: HashMap<Box<str>, KeyRules>,
+    /// The rules whose `key_value` holds a `*`, in file order (the first match wins).
+    pub(crate) wildcards: Vec<(Glob, Node)>,
+}
+
+impl Level {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.wildcards.is_empty()
+    }
+}
+
+/// The plain rules of one key within a list.
+#[derive(Debug, Default)]
+pub(crate) struct KeyRules {
+    pub(crate) values: HashMap<Box<str>, Node>,
+    pub(crate) default: Option<Node>,
+}
+
+/// One domain's rules.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    pub(crate) name: Box<str>,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) root: Level,
+    pub(crate) rules: Vec<Rule>,
+}
+
+/// A validated set of rule files: every domain, its rule tree and each rule's Runlimit policy.
+///
+/// Built by [`load`](Self::load) from a file or a directory, or by
+/// [`from_sources`](Self::from_sources) from texts. Immutable; the service evaluates every
+/// request against one table.
+///
+/// # Counter identity
+///
+/// A limited rule's Runlimit policy is identified by its domain and its descriptor path
+/// (the keys and values from the top-level list down to the rule), and Runlimit fingerprints
+/// the policy's limit, window (or GCRA period and burst) and algorithm into every storage
+/// key. So, across restarts or replicas sharing a backend:
+///
+/// - editing anything else (comments, other rules, `name`, `replaces`, `shadow_mode`, the file
+///   name or the order of rules) keeps the rule's counters;
+/// - changing its `requests_per_unit`, `unit`, `algorithm` or `burst`, or its path, starts it
+///   afresh: every client gets the new limit's full quota at once. This is Runlimit's rule
+///   (a counter is never reinterpreted under another limit); `runlimit-server check-config
+///   --previous OLD NEW` lists the rules a change restarts.
+pub struct RuleTable {
+    domains: HashMap<Box<str>, Domain>,
+    files: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for RuleTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleTable")
+            .field("domains", &self.domains.len())
+            .field("rules", &self.rule_count())
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl RuleTable {
+    /// Reads the rule file at `path`, or every `*.yaml` and `*.yml` file directly in the
+    /// directory at `path` (in file-name order; names starting with `.` and subdirectories
+    /// are skipped, symbolic links are followed, as in a Kubernetes ConfigMap mount).
+    ///
+    /// # Errors
+    ///
+    /// Every problem found ([`ConfigErrors`]): an unreadable path or file
+    /// ([`ConfigErrorKind::Read`]), a directory without rule files
+    /// ([`ConfigErrorKind::NoRuleFiles`]), and every problem [`from_sources`](Self::from_sources)
+    /// reports.
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        let files = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
+        let mut sources = Vec::with_capacity(files.len());
+        let mut errors = Vec::new();
+        for file in files {
+            match std::fs::read_to_string(&file) {
+                Ok(text) => sources.push((file, text)),
+                Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors::new(errors));
+        }
+        Self::from_sources(sources)
+    }
+
+    /// Validates rule files given as `(name, YAML text)` pairs; the name is what errors show.
+    ///
+    /// # Errors
+    ///
+    /// Every problem found, in source order ([`ConfigErrors`]; each is a [`ConfigError`]
+    /// naming the file, the document path and one of the [`ConfigErrorKind`]s).
+    pub fn from_sources<N: Into<PathBuf>, T: AsRef<str>>(
+        sources: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Self, ConfigErrors> {
+        let mut domains: HashMap<Box<str>, Domain> = HashMap::new();
+        let mut defined_in: HashMap<Box<str>, PathBuf> = HashMap::new();
+        let mut files = Vec::new();
+        let mut errors = Vec::new();
+        for (name, text) in sources {
+            let file: PathBuf = name.into();
+            files.push(file.clone());
+            let before = errors.len();
+            let Some(doc) = parse(&file, text.as_ref(), &mut errors) else { continue };
+            let domain_name = doc.domain.as_deref().unwrap_or("");
+            if domain_name.is_empty() {
+                errors.push(ConfigError::new(&file, "domain", ConfigErrorKind::EmptyDomain));
+                continue;
+            }
+            if let Some(other) = defined_in.get(domain_name) {
+                errors.push(ConfigError::new(
+                    &file,
+                    "domain",
+                    ConfigErrorKind::DuplicateDomain {
+                        domain: domain_name.to_owned(),
+                        other: other.display().to_string(),
+                    },
+                ));
+                continue;
+            }
+            let domain =
+                compile_domain(&file, domain_name, doc.descriptors.as_deref().unwrap_or(&[]), &mut errors);
+            defined_in.insert(domain_name.into(), file.clone());
+            if errors.len() == before {
+                domains.insert(domain_name.into(), domain);
+            }
+        }
+        if errors.is_empty() { Ok(Self { domains, files }) } else { Err(ConfigErrors::new(errors)) }
+    }
+
+    /// The files the table was read from, in load order.
+    #[must_use]
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// The number of domains.
+    #[must_use]
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// The number of rules with a `rate_limit` block, in every domain.
+    #[must_use]
+    pub fn rule_count(&self) -> usize {
+        self.domains.values().map(|domain| domain.rules.len()).sum()
+    }
+
+    /// Every limited rule (`domain.key_value...` path) with its limit, as
+    /// `path: N per UNIT (ALGORITHM)` lines sorted by path; `unlimited` rules read
+    /// `path: unlimited`. Shadow-mode rules end in ` [shadow]`.
+    #[must_use]
+    pub fn describe(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .domains
+            .values()
+            .flat_map(|domain| domain.rules.iter().map(move |rule| describe_rule(domain, rule)))
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// The rules whose counters a change from `previous` to `self` starts afresh: every rule
+    /// present in both (same domain and descriptor path) whose limit, unit, algorithm or burst
+    /// differs, as `path: OLD -> NEW` lines sorted by path. Rules only in one of the tables are
+    /// not listed (a new rule starts fresh, a removed one is gone).
+    #[must_use]
+    pub fn restarted_counters(&self, previous: &Self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (name, domain) in &self.domains {
+            let Some(old_domain) = previous.domains.get(name) else { continue };
+            for rule in &domain.rules {
+                let Some(old) = old_domain.rules.iter().find(|old| old.path == rule.path) else { continue };
+                let (old_text, new_text) = (limit_text(old_domain, old), limit_text(domain, rule));
+                if old_text != new_text {
+                    lines.push(format!("{}: {old_text} -> {new_text}", rule.path));
+                }
+            }
+        }
+        lines.sort();
+        lines
+    }
+
+    /// The domain named `name`.
+    pub(crate) fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// The same table with every limited rule in shadow mode (the server's global shadow
+    /// mode): quota exhaustion is reported and counted, never enforced.
+    #[must_use]
+    pub(crate) fn into_shadow(mut self) -> Self {
+        for domain in self.domains.values_mut() {
+            for rule in &mut domain.rules {
+                rule.shadow = true;
+                if let Quota::Limited { policy, .. } = &mut rule.quota {
+                    *policy = policy.take().map(|policy| policy.with_quota_mode(QuotaMode::Shadow));
+                }
+            }
+        }
+        self
+    }
+
+    /// Every domain.
+    pub(crate) fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+}
+
+fn limit_text(domain: &Domain, rule: &Rule) -> String {
+    match &rule.quota {
+        Quota::Unlimited => "unlimited".to_owned(),
+        Quota::Limited { requests_per_unit, unit, policy } => {
+            let mut text = format!("{requests_per_unit} per {}", unit.name());
+            match policy {
+                Some(RulePolicy::Gcra(gcra)) => {
+                    let _ = write!(text, " (gcra, burst {})", gcra.burst_capacity());
+                }
+                _ => {
+                    let _ = write!(text, " ({})", domain.algorithm.name());
+                }
+            }
+            text
+        }
+    }
+}
+
+fn describe_rule(domain: &Domain, rule: &Rule) -> String {
+    let mut line = format!("{}: {}", rule.path, limit_text(domain, rule));
+    if rule.shadow && matches!(rule.quota, Quota::Limited { .. }) {
+        line.push_str(" [shadow]");
+    }
+    line
+}
+
+/// The rule files of `path`: itself, or the `*.yaml` / `*.yml` files directly in it.
+fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let read = |source| ConfigError::new(path, "", ConfigErrorKind::Read { source });
+    let metadata = std::fs::metadata(path).map_err(read)?;
+    if !metadata.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(read)? {
+        let entry = entry.map_err(read)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let is_rule_file = !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"));
+        // `metadata` follows symbolic links (ConfigMap mounts link every file).
+        if is_rule_file && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            files.push(entry.path());
+        }
+    }
+    if files.is_empty() {
+        return Err(ConfigError::new(path, "", ConfigErrorKind::NoRuleFiles));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Parses one file: first as a generic YAML value (syntax, non-string keys, non-map list
+/// items, each reported with its path), then into the typed document (unknown keys and
+/// wrong types, reported by the YAML reader with path, line and column).
+fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileDoc> {
+    let value: serde_norway::Value = match serde_norway::from_str(text) {
+        Ok(value) => value,
+        Err(error) => {
+            errors.push(ConfigError::new(file, "", ConfigErrorKind::Yaml { message: error.to_string() }));
+            return None;
+        }
+    };
+    match &value {
+        serde_norway::Value::Null => return Some(FileDoc::default()),
+        serde_norway::Value::Mapping(_) => {}
+        other => {
+            errors.push(ConfigError::new(
+                file,
+                "",
+                ConfigErrorKind::NotAMap { found: describe_value(other) },
+            ));
+            return None;
+        }
+    }
+    let before = errors.len();
+    check_shape(file, &value, &mut String::new(), errors);
+    if errors.len() > before {
+        return None;
+    }
+    let deserializer = serde_norway::Deserializer::from_str(text);
+    match serde_path_to_error::deserialize::<_, FileDoc>(deserializer) {
+        Ok(doc) => Some(doc),
+        Err(error) => {
+            errors.push(ConfigError::new(
+                file,
+                "",
+                ConfigErrorKind::Yaml { message: error.into_inner().to_string() },
+            ));
+            None
+        }
+    }
+}
+
+/// Reports non-string keys and non-map list items, the two shapes serde would describe only
+/// vaguely. Every list of the format is a list of maps.
+fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, errors: &mut Vec<ConfigError>) {
+    match value {
+        serde_norway::Value::Mapping(mapping) => {
+            for (key, child) in mapping {
+                let Some(key) = key.as_str() else {
+                    errors.push(ConfigError::new(
+                        file,
+                        path.clone(),
+                        ConfigErrorKind::NonStringKey { key: yaml_text(key) },
+                    ));
+                    continue;
+                };
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                check_shape(file, child, path, errors);
+                path.truncate(len);
+            }
+        }
+        serde_norway::Value::Sequence(items) => {
+            for (index, item) in items.iter().enumerate() {
+                let len = path.len();
+                let _ = write!(path, "[{index}]");
+                if item.is_mapping() {
+                    check_shape(file, item, path, errors);
+                } else {
+                    errors.push(ConfigError::new(
+                        file,
+                        path.clone(),
+                        ConfigErrorKind::NonMapListItem { found: describe_value(item) },
+                    ));
+                }
+                path.truncate(len);
+            }
+        }
+        serde_norway::Value::Tagged(tagged) => check_shape(file, &tagged.value, path, errors),
+        _ => {}
+    }
+}
+
+fn yaml_text(value: &serde_norway::Value) -> String {
+    serde_norway::to_string(value).map(|text| text.trim_end().to_owned()).unwrap_or_else(|_| "?".to_owned())
+}
+
+fn describe_value(value: &serde_norway::Value) -> String {
+    match value {
+        serde_norway::Value::Null => "empty".to_owned(),
+        serde_norway::Value::Bool(_) => format!("the boolean {}", yaml_text(value)),
+        serde_norway::Value::Number(_) => format!("the number {}", yaml_text(value)),
+        serde_norway::Value::String(text) => format!("the string {text:?}"),
+        serde_norway::Value::Sequence(_) => "a list".to_owned(),
+        serde_norway::Value::Mapping(_) => "a map".to_owned(),
+        serde_norway::Value::Tagged(tagged) => describe_value(&tagged.value),
+    }
+}
+
+/// Collects a domain's rules and tree; problems go to `errors`.
+struct DomainBuilder<'a> {
+    file: &'a Path,
+    domain: &'a str,
+    rules: Vec<Rule>,
+    /// The first limited rule's algorithm and document path.
+    algorithm: Option<(Algorithm, String)>,
+    /// Each named rule's name, and each `replaces` name with its document path.
+    names: HashSet<Box<str>>,
+    replaces: Vec<(String, String)>,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+fn compile_domain(file: &Path, name: &str, docs: &[RuleDoc], errors: &mut Vec<ConfigError>) -> Domain {
+    let mut builder = DomainBuilder {
+        file,
+        domain: name,
+        rules: Vec::new(),
+        algorithm: None,
+        names: HashSet::new(),
+        replaces: Vec::new(),
+        errors,
+    };
+    let root = builder.level(docs, "", &[]);
+    for (replaced, location) in std::mem::take(&mut builder.replaces) {
+        if !builder.names.contains(replaced.as_str()) {
+            builder.error(
+                location,
+                ConfigErrorKind::ReplacesUnknown { name: replaced, domain: name.to_owned() },
+            );
+        }
+    }
+    let algorithm = builder.algorithm.map_or(Algorithm::FixedWindow, |(algorithm, _)| algorithm);
+    Domain { name: name.into(), algorithm, root, rules: builder.rules }
+}
+
+/// One entry of a rule's descriptor path: its key and value (`None` for a key-only rule).
+type PathEntry<'a> = (&'a str, Option<&'a str>);
+
+impl DomainBuilder<'_> {
+    fn error(&mut self, location: impl Into<String>, kind: ConfigErrorKind) {
+        self.errors.push(ConfigError::new(self.file, location, kind));
+    }
+
+    /// Compiles one `descriptors` list; `location` is its document path (`""` for the
+    /// top-level list) and `parents` the descriptor path of the rule that holds it.
+    fn level(&mut self, docs: &[RuleDoc], location: &str, parents: &[PathEntry<'_>]) -> Level {
+        let mut level = Level::default();
+        let mut seen: HashSet<(&str, Option<&str>)> = HashSet::new();
+        for (index, doc) in docs.iter().enumerate() {
+            let here = if location.is_empty() {
+                format!("descriptors[{index}]")
+            } else {
+                format!("{location}.descriptors[{index}]")
+            };
+            let key = doc.key.as_deref().unwrap_or("");
+            if key.is_empty() {
+                self.error(format!("{here}.key"), ConfigErrorKind::EmptyKey);
+                continue;
+            }
+            let value = doc.value.as_deref().filter(|value| !value.is_empty());
+            let mut path: Vec<PathEntry<'_>> = parents.to_vec();
+            path.push((key, value));
+            if !seen.insert((key, value)) {
+                let rule = rule_path(self.domain, &path);
+                self.error(here, ConfigErrorKind::DuplicateRule { rule });
+                continue;
+            }
+            let composite = composite(key, value);
+            let pattern = Glob::new(&composite);
+            let share = match (doc.share_threshold.unwrap_or(false), &pattern) {
+                (false, _) => None,
+                (true, Some(_)) => Some(composite.clone().into_boxed_str()),
+                (true, None) => {
+                    self.error(
+                        format!("{here}.share_threshold"),
+                        ConfigErrorKind::ShareThresholdWithoutWildcard { rule: composite.clone() },
+                    );
+                    None
+                }
+            };
+            if doc.quota_mode == Some(true) {
+                self.error(format!("{here}.quota_mode"), ConfigErrorKind::QuotaModeUnsupported);
+            }
+            let rule = doc
+                .rate_limit
+                .as_ref()
+                .and_then(|rate_limit| self.rule(rate_limit, doc, &format!("{here}.rate_limit"), &path));
+            let children = self.level(doc.descriptors.as_deref().unwrap_or(&[]), &here, &path);
+            let node = Node { rule, share, children };
+            match (pattern, value) {
+                (Some(glob), _) => level.wildcards.push((glob, node)),
+                (None, Some(value)) => {
+                    level.keys.entry(key.into()).or_default().values.insert(value.into(), node);
+                }
+                (None, None) => level.keys.entry(key.into()).or_default().default = Some(node),
+            }
+        }
+        level
+    }
+
+    /// Compiles a `rate_limit` block into a rule; `None` (with errors reported) when invalid.
+    fn rule(
+        &mut self,
+        doc: &RateLimitDoc,
+        descriptor: &RuleDoc,
+        location: &str,
+        path: &[PathEntry<'_>],
+    ) -> Option<usize> {
+        let before = self.errors.len();
+        let name = doc.name.as_deref().filter(|name| !name.is_empty());
+        let mut replaces = Vec::new();
+        for (index, entry) in doc.replaces.as_deref().unwrap_or(&[]).iter().enumerate() {
+            let at = format!("{location}.replaces[{index}].name");
+            match entry.name.as_deref().filter(|name| !name.is_empty()) {
+                None => self.error(at, ConfigErrorKind::EmptyReplaces),
+                Some(replaced) if Some(replaced) == name => {
+                    self.error(at, ConfigErrorKind::ReplacesSelf { name: replaced.to_owned() });
+                }
+                Some(replaced) => {
+                    self.replaces.push((replaced.to_owned(), at));
+                    replaces.push(Box::from(replaced));
+                }
+            }
+        }
+        if let Some(name) = name {
+            self.names.insert(name.into());
+        }
+        let algorithm = match doc.algorithm.as_deref() {
+            None | Some("fixed_window") => Algorithm::FixedWindow,
+            Some("gcra") => Algorithm::Gcra,
+            Some(other) => {
+                self.error(
+                    format!("{location}.algorithm"),
+                    ConfigErrorKind::InvalidAlgorithm { algorithm: other.to_owned() },
+                );
+                Algorithm::FixedWindow
+            }
+        };
+        if doc.burst.is_some() && algorithm != Algorithm::Gcra {
+            self.error(format!("{location}.burst"), ConfigErrorKind::BurstWithoutGcra);
+        }
+        let rule_path = rule_path(self.domain, path);
+        let quota = if doc.unlimited == Some(true) {
+            if doc.unit.is_some() {
+                self.error(format!("{location}.unit"), ConfigErrorKind::UnlimitedWithUnit);
+            }
+            Quota::Unlimited
+        } else {
+            let unit = match doc.unit.as_deref() {
+                None => {
+                    self.error(format!("{location}.unit"), ConfigErrorKind::MissingUnit);
+                    None
+                }
+                Some(text) => {
+                    let unit = Unit::from_name(text);
+                    if unit.is_none() {
+                        self.error(
+                            format!("{location}.unit"),
+                            ConfigErrorKind::InvalidUnit { unit: text.to_owned() },
+                        );
+                    }
+                    unit
+                }
+            };
+            let requests_per_unit = doc.requests_per_unit;
+            if requests_per_unit.is_none() {
+                self.error(format!("{location}.requests_per_unit"), ConfigErrorKind::MissingRequestsPerUnit);
+            }
+            let (Some(unit), Some(requests_per_unit)) = (unit, requests_per_unit) else { return None };
+            if let Some((first, first_location)) = &self.algorithm
+                && *first != algorithm
+            {
+                let kind = ConfigErrorKind::MixedAlgorithms {
+                    algorithm: algorithm.name(),
+                    other_rule: first_location.clone(),
+                    other: first.name(),
+                };
+                self.error(format!("{location}.algorithm"), kind);
+            } else if self.algorithm.is_none() {
+                self.algorithm = Some((algorithm, location.to_owned()));
+            }
+            let policy = if requests_per_unit == 0 {
+                None
+            } else {
+                let id = policy_id("rule", self.domain, path.iter().map(|(key, value)| (*key, *value)));
+                match build_policy(id, algorithm, requests_per_unit, unit, doc.burst) {
+                    Ok(policy) => Some(policy),
+                    Err(reason) => {
+                        let at = if doc.burst.is_some() { "burst" } else { "requests_per_unit" };
+                        self.error(format!("{location}.{at}"), ConfigErrorKind::Policy { reason });
+                        None
+                    }
+                }
+            };
+            Quota::Limited { requests_per_unit, unit, policy }
+        };
+        if self.errors.len() > before {
+            return None;
+        }
+        let shadow = descriptor.shadow_mode.unwrap_or(false);
+        let quota = match quota {
+            Quota::Limited { requests_per_unit, unit, policy } if shadow => Quota::Limited {
+                requests_per_unit,
+                unit,
+                policy: policy.map(|policy| policy.with_quota_mode(QuotaMode::Shadow)),
+            },
+            quota => quota,
+        };
+        let header_name = header_name(name, &rule_path, &quota);
+        self.rules.push(Rule {
+            path: rule_path.into(),
+            name: name.map(Box::from),
+            replaces: replaces.into(),
+            quota,
+            shadow,
+            header_name,
+        });
+        Some(self.rules.len() - 1)
+    }
+}
+
+/// `key`, or `key_value`: envoyproxy/ratelimit's name for a rule entry, and what its
+/// wildcards match against.
+pub(crate) fn composite(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{key}_{value}"),
+        None => key.to_owned(),
+    }
+}
+
+fn rule_path(domain: &str, path: &[PathEntry<'_>]) -> String {
+    let mut text = domain.to_owned();
+    for (key, value) in path {
+        text.push('.');
+        text.push_str(&composite(key, *value));
+    }
+    text
+}
+
+/// A policy identifier for a rule: `rls.` and 24 hex digits of a SHA-256 over `kind`, the
+/// domain and the descriptor path (each length-prefixed, so no two paths share an input).
+pub(crate) fn policy_id<'a>(
+    kind: &str,
+    domain: &str,
+    path: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> PolicyId {
+    let mut hash = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_be_bytes());
+        hash.update(bytes);
+    };
+    field(b"runlimit-server policy v1");
+    field(kind.as_bytes());
+    field(domain.as_bytes());
+    for (key, value) in path {
+        field(key.as_bytes());
+        match value {
+            Some(value) => {
+                field(b"=");
+                field(value.as_bytes());
+            }
+            None => field(b"*"),
+        }
+    }
+    let digest = hash.finalize();
+    let mut id = String::from("rls.");
+    for byte in &digest[..12] {
+        let _ = write!(id, "{byte:02x}");
+    }
+    #[expect(clippy::expect_used, reason = "28 bytes of [a-z0-9.], starting with a letter: always valid")]
+    PolicyId::new(&id).expect("a valid policy identifier")
+}
+
+/// The scope every rule policy uses: `descriptor`.
+pub(crate) fn rule_scope() -> ScopeId {
+    #[expect(clippy::expect_used, reason = "a constant valid identifier")]
+    ScopeId::new("descriptor").expect("a valid scope identifier")
+}
+
+/// Builds a rule's policy: `requests_per_unit` (at least 1) per `unit`, as a fixed window or
+/// as GCRA with `burst` (default: `requests_per_unit`).
+pub(crate) fn build_policy(
+    id: PolicyId,
+    algorithm: Algorithm,
+    requests_per_unit: u32,
+    unit: Unit,
+    burst: Option<u64>,
+) -> Result<RulePolicy, String> {
+    let scope = rule_scope();
+    let limit = u64::from(requests_per_unit);
+    match algorithm {
+        Algorithm::FixedWindow => FixedWindowPolicy::new(id, scope, limit, unit.duration())
+            .map(RulePolicy::FixedWindow)
+            .map_err(|error| error.to_string()),
+        Algorithm::Gcra => GcraPolicy::new(id, scope, limit, unit.duration(), burst.unwrap_or(limit))
+            .map(RulePolicy::Gcra)
+            .map_err(|error| error.to_string()),
+    }
+}
+
+fn header_name(name: Option<&str>, path: &str, quota: &Quota) -> PolicyName {
+    if let Some(name) = name.and_then(|name| PolicyName::new(name).ok()) {
+        return name;
+    }
+    if let Ok(name) = PolicyName::new(path) {
+        return name;
+    }
+    match quota {
+        Quota::Limited { policy: Some(RulePolicy::FixedWindow(policy)), .. } => {
+            PolicyName::from(runlimit_core::RateLimitPolicy::id(policy))
+        }
+        Quota::Limited { policy: Some(RulePolicy::Gcra(policy)), .. } => {
+            PolicyName::from(runlimit_core::RateLimitPolicy::id(policy))
+        }
+        _ => PolicyName::from(&policy_id("name", path, [])),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,75 @@
+//! The service's own metrics, recorded through the `metrics` facade (the binary installs a
+//! Prometheus recorder and serves it on `GET /metrics`; an embedder installs its own).
+//!
+//! Labels come from the rule files only, never from a request: `domain` is a configured domain
+//! (requests for an unknown domain are counted under `domain=""`), `rule` a rule's path
+//! (`domain.key_value.key`, as written in the files). No descriptor value is ever a label.
+
+use metrics::counter;
+use runlimit_core::ConsumptionStatus;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+use crate::{
+    config::{Domain, Rule},
+    service::Exhaustion,
+};
+
+/// `runlimit_server_requests_total{domain, code}`: answered `ShouldRateLimit` calls by overall
+/// code (`ok`, `over_limit`); malformed requests and backend errors answered with a gRPC error
+/// are not counted here.
+pub(crate) const REQUESTS: &str = "runlimit_server_requests_total";
+/// `runlimit_server_shadow_denials_total{domain, rule, reason}`: descriptors a shadow-mode rule
+/// would have denied (`reason`: `quota`, `never` for a limit of 0 or hits above it).
+pub(crate) const SHADOW_DENIALS: &str = "runlimit_server_shadow_denials_total";
+/// `runlimit_server_backend_failures_total{domain, consumption}`: calls whose backend failed,
+/// by whether quota may have been consumed (`not_consumed`, `may_have_been_consumed`,
+/// `consumed`).
+pub(crate) const BACKEND_FAILURES: &str = "runlimit_server_backend_failures_total";
+
+/// Describes every metric to the installed recorder.
+pub(crate) fn describe() {
+    metrics::describe_counter!(REQUESTS, "ShouldRateLimit calls answered, by domain and overall code");
+    metrics::describe_counter!(
+        SHADOW_DENIALS,
+        "Descriptors a shadow-mode rule would have denied, by domain, rule and reason"
+    );
+    metrics::describe_counter!(
+        BACKEND_FAILURES,
+        "Calls whose backend failed, by domain and consumption certainty"
+    );
+}
+
+pub(crate) fn request(domain: Option<&Domain>, code: Code) {
+    let code = if code == Code::OverLimit { "over_limit" } else { "ok" };
+    let domain = domain.map_or_else(String::new, |domain| domain.name.to_string());
+    counter!(REQUESTS, "domain" => domain, "code" => code).increment(1);
+}
+
+pub(crate) fn shadow_denial(domain: &Domain, rule: &Rule, reason: Exhaustion) {
+    counter!(
+        SHADOW_DENIALS,
+        "domain" => domain.name.to_string(),
+        "rule" => rule.path.to_string(),
+        "reason" => reason_label(reason),
+    )
+    .increment(1);
+}
+
+pub(crate) fn backend_failure(domain: &Domain, consumption: ConsumptionStatus) {
+    let consumption = match consumption {
+        ConsumptionStatus::Consumed => "consumed",
+        ConsumptionStatus::NotConsumed => "not_consumed",
+        ConsumptionStatus::MayHaveBeenConsumed => "may_have_been_consumed",
+    };
+    counter!(BACKEND_FAILURES, "domain" => domain.name.to_string(), "consumption" => consumption)
+        .increment(1);
+}
+
+pub(crate) fn reason_label(reason: Exhaustion) -> &'static str {
+    match reason {
+        Exhaustion::Quota { .. } => "quota",
+        Exhaustion::Never => "never",
+        Exhaustion::StorageCapacity { .. } => "storage_capacity",
+    }
+}

@@ -1,0 +1,439 @@
+//! Startup, the listening announcements, serving gRPC and HTTP, and graceful shutdown.
+
+use std::{
+    future::Future,
+    io::{self, Write as _},
+    net::SocketAddr,
+    path::PathBuf,
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use runlimit_memory::{MemoryStoreConfig, MemoryStoreConfigError};
+use runlimit_postgres::PostgresConfig;
+use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig};
+use sqlx::{
+    Connection as _,
+    postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
+};
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::{
+    backend::{Backend, BackendError},
+    cli::Args,
+    config::{ConfigErrors, RuleTable},
+    metrics,
+    secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher},
+    service::{Service, ServiceOptions},
+};
+
+/// The start of the line printed on stdout once the gRPC listener is bound, followed by the
+/// bound address: `grpc listening on 127.0.0.1:8081`.
+pub const GRPC_LISTENING_PREFIX: &str = "grpc listening on ";
+/// The start of the line printed on stdout once the HTTP listener is bound, followed by the
+/// bound address: `http listening on 127.0.0.1:8080`.
+pub const HTTP_LISTENING_PREFIX: &str = "http listening on ";
+
+/// How long startup waits for the first PostgreSQL connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most expired entries one cleanup pass removes per limiter.
+const CLEANUP_BATCH: u32 = 1_000;
+
+/// Why the server could not start, or stopped with an error. Each message names what failed,
+/// where, and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The rule files are invalid; every problem is listed, one per line.
+    #[error("invalid rule files (--config):\n{errors}")]
+    Config {
+        /// Every problem.
+        errors: ConfigErrors,
+    },
+    /// No usable key secret.
+    #[error("no usable key secret")]
+    KeySecret {
+        /// Why.
+        #[source]
+        source: KeySecretError,
+    },
+    /// `--memory-max-keys` or `--memory-shards` was rejected.
+    #[error("invalid memory store options (--memory-max-keys, --memory-shards)")]
+    MemoryConfig {
+        /// Why.
+        #[source]
+        source: MemoryStoreConfigError,
+    },
+    /// A Redis option was rejected.
+    #[error("invalid Redis options (--redis-key-prefix, --redis-max-keys-per-shard)")]
+    RedisConfig {
+        /// Why.
+        #[source]
+        source: runlimit_redis::ConfigError,
+    },
+    /// `--database-url` is not a PostgreSQL URL.
+    #[error(
+        "--database-url is not a PostgreSQL URL; expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+    )]
+    DatabaseUrl {
+        /// SQLx's parse error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The first PostgreSQL connection failed.
+    #[error(
+        "cannot connect to PostgreSQL at {address} (--database-url); check that the server runs there, \
+         accepts TCP connections, and that the user, password and database are right"
+    )]
+    DatabaseConnect {
+        /// `host:port/database` (never the password).
+        address: String,
+        /// SQLx's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The first PostgreSQL connection did not complete in time.
+    #[error(
+        "no answer from PostgreSQL at {address} (--database-url) within {} s; check the host, port and \
+         firewall", timeout.as_secs()
+    )]
+    DatabaseTimeout {
+        /// `host:port/database`.
+        address: String,
+        /// How long startup waited.
+        timeout: Duration,
+    },
+    /// Redis could not be reached.
+    #[error(
+        "cannot reach Redis at {address} (--redis-url); check that the server runs there, accepts TCP \
+         connections, and that the URL's credentials and database are right"
+    )]
+    RedisConnect {
+        /// `host:port`.
+        address: String,
+        /// Why.
+        #[source]
+        source: PrepareError,
+    },
+    /// The Redis server cannot hold limits.
+    #[error(
+        "Redis at {address} (--redis-url) cannot hold limits; use Redis 7.0 or newer with \
+         maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction)"
+    )]
+    RedisUnsuitable {
+        /// `host:port`.
+        address: String,
+        /// Why.
+        #[source]
+        source: PrepareError,
+    },
+    /// The backend could not be built or prepared (other than the cases above).
+    #[error("the {backend} backend could not be prepared")]
+    Backend {
+        /// `redis` or `postgres`.
+        backend: &'static str,
+        /// Why.
+        #[source]
+        source: BackendError,
+    },
+    /// A listening socket could not be bound.
+    #[error(
+        "cannot listen on {address} ({option}); is another process using the port? choose another with {option}"
+    )]
+    Bind {
+        /// `--grpc-addr` or `--http-addr`.
+        option: &'static str,
+        /// The address.
+        address: SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The listening lines could not be written to stdout.
+    #[error("cannot announce the listening addresses on stdout")]
+    Announce {
+        /// The write error.
+        #[source]
+        source: io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("the gRPC server failed")]
+    Grpc {
+        /// tonic's error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The HTTP server failed.
+    #[error("the HTTP server failed")]
+    Http {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A server with its rules loaded, its backend prepared and both listeners bound, ready to
+/// [`serve`](Self::serve).
+#[derive(Debug)]
+pub struct Server {
+    service: Service,
+    grpc: TcpListener,
+    http: TcpListener,
+    metrics: Option<PrometheusHandle>,
+    cleanup_interval: Duration,
+}
+
+impl Server {
+    /// Loads the rules of `args.config`, builds the key hasher and the backend (connecting
+    /// and preparing Redis or PostgreSQL), and binds `args.grpc_addr` and `args.http_addr`.
+    ///
+    /// `metrics` renders `GET /metrics`; without it that route answers 404.
+    ///
+    /// # Errors
+    ///
+    /// Every [`RunError`] variant but `Announce`, `Grpc` and `Http`, each at the step its
+    /// documentation names.
+    pub async fn bind(args: &Args, metrics: Option<PrometheusHandle>) -> Result<Self, RunError> {
+        let config = args.config.clone().unwrap_or_else(|| PathBuf::from("."));
+        let table = RuleTable::load(&config).map_err(|errors| RunError::Config { errors })?;
+        let (hasher, source) = key_hasher(args.key_secret_file.as_deref(), std::env::var_os(KEY_SECRET_ENV))
+            .map_err(|source| RunError::KeySecret { source })?;
+        if source == KeySecretSource::Ephemeral {
+            tracing::warn!(
+                "no key secret given (--key-secret-file, {KEY_SECRET_ENV}): generated a random one; counters are \
+                 not shared with other replicas and are lost on restart"
+            );
+        }
+        let backend = backend(args).await?;
+        let options = ServiceOptions {
+            shadow_mode: args.shadow_mode,
+            response_headers: args.response_headers.map(Into::into),
+            on_backend_error: args.on_backend_error.into(),
+        };
+        let (domains, rules) = (table.domain_count(), table.rule_count());
+        let service = Service::new(table, &backend, hasher, options);
+        tracing::info!(
+            config = %config.display(),
+            domains,
+            rules,
+            backend = backend.name(),
+            shadow_mode = args.shadow_mode,
+            "rules loaded and backend ready"
+        );
+        let server = Self::with_service(service, args.grpc_addr, args.http_addr).await?;
+        Ok(Self {
+            metrics,
+            cleanup_interval: Duration::from_secs(args.cleanup_interval_secs.max(1)),
+            ..server
+        })
+    }
+
+    /// A server for `service`, with both listeners bound: what [`bind`](Self::bind) does once
+    /// the service is built, for embedders and tests that build their own. `GET /metrics`
+    /// answers 404 and shared storage is cleaned every 60 s.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Bind`] when an address cannot be bound.
+    pub async fn with_service(
+        service: Service,
+        grpc_addr: SocketAddr,
+        http_addr: SocketAddr,
+    ) -> Result<Self, RunError> {
+        let grpc = bind("--grpc-addr", grpc_addr).await?;
+        let http = bind("--http-addr", http_addr).await?;
+        Ok(Self { service, grpc, http, metrics: None, cleanup_interval: Duration::from_secs(60) })
+    }
+
+    /// The bound gRPC address.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's error, if it cannot tell.
+    pub fn grpc_addr(&self) -> io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+
+    /// The bound HTTP address.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's error, if it cannot tell.
+    pub fn http_addr(&self) -> io::Result<SocketAddr> {
+        self.http.local_addr()
+    }
+
+    /// The service.
+    #[must_use]
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// Serves gRPC (`RateLimitService` and `grpc.health.v1.Health`) and HTTP
+    /// (`GET /healthcheck`, `GET /metrics`) until `shutdown` completes, then stops accepting,
+    /// lets in-flight calls finish and returns. Runs the periodic cleanup of shared storage
+    /// meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Grpc`] or [`RunError::Http`] when a server fails.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RunError> {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let grpc_stop = stopped.clone();
+        let grpc = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(RateLimitServiceServer::new(self.service.clone()))
+            .serve_with_incoming_shutdown(TcpIncoming::from(self.grpc), wait(grpc_stop));
+        let router = Router::new()
+            .route("/healthcheck", get(healthcheck))
+            .route("/metrics", get(metrics_text))
+            .with_state(self.metrics.clone());
+        let http = axum::serve(self.http, router).with_graceful_shutdown(wait(stopped.clone()));
+        let limiters = self.service.limiters().clone();
+        let interval = self.cleanup_interval;
+        let cleanup = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let removed = limiters.cleanup_expired(CLEANUP_BATCH).await;
+                tracing::debug!(removed, "cleanup of expired counters");
+            }
+        });
+        let signal = tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections, finishing in-flight calls");
+            let _ = stop.send(true);
+        });
+        let (grpc, http) = tokio::join!(grpc, async { http.await });
+        cleanup.abort();
+        signal.abort();
+        grpc.map_err(|source| RunError::Grpc { source })?;
+        http.map_err(|source| RunError::Http { source })?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+async fn wait(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+async fn healthcheck() -> &'static str {
+    "OK"
+}
+
+async fn metrics_text(State(handle): State<Option<PrometheusHandle>>) -> impl IntoResponse {
+    match handle {
+        Some(handle) => (StatusCode::OK, handle.render()),
+        None => (StatusCode::NOT_FOUND, "no metrics recorder installed\n".to_owned()),
+    }
+}
+
+async fn bind(option: &'static str, address: SocketAddr) -> Result<TcpListener, RunError> {
+    TcpListener::bind(address).await.map_err(|source| RunError::Bind { option, address, source })
+}
+
+/// Builds and prepares the backend `args` selects.
+async fn backend(args: &Args) -> Result<Backend, RunError> {
+    if let Some(url) = &args.redis_url {
+        let prefix =
+            KeyPrefix::new(&args.redis_key_prefix).map_err(|source| RunError::RedisConfig { source })?;
+        let config = RedisConfig::default()
+            .with_key_prefix(prefix)
+            .with_maximum_keys_per_shard(args.redis_max_keys_per_shard)
+            .map_err(|source| RunError::RedisConfig { source })?;
+        let backend =
+            Backend::redis(url, &config).map_err(|source| RunError::Backend { backend: "redis", source })?;
+        return match backend.prepare().await {
+            Ok(()) => Ok(backend),
+            Err(BackendError::RedisPrepare { address, source: source @ PrepareError::Unreachable(_) }) => {
+                Err(RunError::RedisConnect { address, source })
+            }
+            Err(BackendError::RedisPrepare { address, source }) => {
+                Err(RunError::RedisUnsuitable { address, source })
+            }
+            Err(source) => Err(RunError::Backend { backend: "redis", source }),
+        };
+    }
+    if let Some(url) = &args.database_url {
+        let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
+        let address = format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or(options.get_username())
+        );
+        // One connection first, so that a failure names its cause (a pool would retry until
+        // its acquire timeout and report only that).
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+            Err(_) => return Err(RunError::DatabaseTimeout { address, timeout: CONNECT_TIMEOUT }),
+            Ok(Err(source)) => return Err(RunError::DatabaseConnect { address, source }),
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+            }
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(args.database_max_connections)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options);
+        let backend = Backend::postgres(pool, PostgresConfig::default());
+        backend.prepare().await.map_err(|source| RunError::Backend { backend: "postgres", source })?;
+        return Ok(backend);
+    }
+    let config = MemoryStoreConfig::new(args.memory_max_keys)
+        .and_then(|config| config.with_shard_count(args.memory_shards))
+        .map_err(|source| RunError::MemoryConfig { source })?;
+    Ok(Backend::memory(config))
+}
+
+/// Installs the process's Prometheus recorder (rendered by `GET /metrics`) and describes the
+/// service's metrics; `None` when another recorder is already installed.
+#[must_use]
+pub fn install_metrics() -> Option<PrometheusHandle> {
+    let handle = PrometheusBuilder::new().install_recorder().ok()?;
+    metrics::describe();
+    Some(handle)
+}
+
+/// Prints the two listening lines on stdout (see [`GRPC_LISTENING_PREFIX`] and
+/// [`HTTP_LISTENING_PREFIX`]).
+///
+/// # Errors
+///
+/// [`RunError::Announce`] when stdout cannot be written.
+pub fn announce(grpc: SocketAddr, http: SocketAddr) -> Result<(), RunError> {
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "{GRPC_LISTENING_PREFIX}{grpc}")
+        .and_then(|()| writeln!(stdout, "{HTTP_LISTENING_PREFIX}{http}"))
+        .and_then(|()| stdout.flush())
+        .map_err(|source| RunError::Announce { source })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,331 @@
+//! The `ShouldRateLimit` call: a request in, one atomic Runlimit admission, a response out.
+
+mod evaluate;
+mod request;
+mod response;
+
+use std::{collections::HashMap, sync::Arc};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    rate_limit_service_server::RateLimitService,
+};
+use runlimit_core::{ConsumptionStatus, FixedWindowPolicy, GcraPolicy, KeyHasher, QuotaMode};
+use tonic::{Request, Response, Status};
+
+pub(crate) use self::evaluate::Exhaustion;
+pub use self::request::{MAX_DESCRIPTORS, MAX_DOMAIN_LEN, MAX_ENTRIES, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use self::response::HeaderFormat;
+use self::{
+    evaluate::{BackendFailure, Charge, Verdict, evaluate},
+    response::Outcome,
+};
+use crate::{
+    backend::{Backend, Limiters},
+    config::{Algorithm, Domain, Quota, Rule, RuleTable, build_policy, policy_id},
+    matcher::match_entries,
+    metrics,
+};
+
+/// What the service answers when its backend fails (`--on-backend-error`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackendErrorMode {
+    /// gRPC `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides: `false` (Envoy's default)
+    /// lets the request through, `true` answers it with an error. The default.
+    #[default]
+    Unavailable,
+    /// `OVER_LIMIT` for the whole request (fail closed whatever Envoy is configured to do).
+    OverLimit,
+    /// `OK` for the whole request (fail open whatever Envoy is configured to do).
+    Ok,
+}
+
+/// How the service answers, beyond what the rules say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceOptions {
+    /// Global shadow mode (`--shadow-mode`): every rule is in shadow mode. Over-limit
+    /// descriptors are reported (`OVER_LIMIT` in their status) and counted, but the overall
+    /// code is `OK` and nothing is consumed by a request that would have been denied.
+    pub shadow_mode: bool,
+    /// The response headers to add, if any (`--response-headers`).
+    pub response_headers: Option<HeaderFormat>,
+    /// The answer when the backend fails (`--on-backend-error`).
+    pub on_backend_error: BackendErrorMode,
+}
+
+/// The rate limit service: Envoy's `envoy.service.ratelimit.v3.RateLimitService` over a rule
+/// table and a Runlimit backend.
+///
+/// Cloning is cheap (the state is shared). Serve it with
+/// `RateLimitServiceServer::new(service)` (`envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server`), or call
+/// [`should_rate_limit`](Self::should_rate_limit) directly.
+#[derive(Clone)]
+pub struct Service {
+    state: Arc<State>,
+}
+
+struct State {
+    table: RuleTable,
+    limiters: Limiters,
+    hasher: KeyHasher,
+    options: ServiceOptions,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("table", &self.state.table)
+            .field("options", &self.state.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// A service answering from `table`, keeping its counters in `backend` under subject keys
+    /// derived by `hasher` (every replica sharing a backend needs the same secret).
+    ///
+    /// With [`ServiceOptions::shadow_mode`], every rule of `table` is put in shadow mode.
+    #[must_use]
+    pub fn new(table: RuleTable, backend: &Backend, hasher: KeyHasher, options: ServiceOptions) -> Self {
+        let table = if options.shadow_mode { table.into_shadow() } else { table };
+        let limiters = backend.limiters(&table);
+        Self { state: Arc::new(State { table, limiters, hasher, options }) }
+    }
+
+    /// The rule table.
+    #[must_use]
+    pub fn table(&self) -> &RuleTable {
+        &self.state.table
+    }
+
+    pub(crate) fn limiters(&self) -> &Limiters {
+        &self.state.limiters
+    }
+
+    /// Answers one `ShouldRateLimit` call; see the crate documentation for the semantics.
+    ///
+    /// # Errors
+    ///
+    /// - `INVALID_ARGUMENT` for a malformed request (the message names the field); nothing
+    ///   is charged;
+    /// - `UNAVAILABLE` when the backend fails (unless [`ServiceOptions::on_backend_error`] says
+    ///   otherwise); the message says whether quota may have been consumed;
+    /// - `INTERNAL` if the server is inconsistent with itself (never expected).
+    pub async fn should_rate_limit(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        request::validate(request)?;
+        let state = &*self.state;
+        let Some(domain) = state.table.domain(&request.domain) else {
+            metrics::request(None, Code::Ok);
+            return Ok(RateLimitResponse {
+                overall_code: Code::Ok.into(),
+                statuses: vec![response::status(&Outcome::NoLimit, false); request.descriptors.len()],
+                ..RateLimitResponse::default()
+            });
+        };
+
+        // Limit overrides carried by the request become rules of this request only.
+        let overrides = override_rules(domain, request, state.options.shadow_mode);
+        let mut scratch = String::new();
+        let mut matched: Vec<Option<(&Rule, Vec<u8>)>> = Vec::with_capacity(request.descriptors.len());
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            if let Some(rule) = overrides.get(&index) {
+                matched.push(Some((rule, request::subject(descriptor, &[]))));
+                continue;
+            }
+            let entries = descriptor.entries.iter().map(|entry| (entry.key.as_str(), entry.value.as_str()));
+            let found = match_entries(domain, entries, &mut scratch).and_then(|matched| {
+                let rule = matched.rule(domain)?;
+                Some((rule, request::subject(descriptor, &matched.shared)))
+            });
+            matched.push(found);
+        }
+
+        // `replaces`: a matched rule named by another matched rule's `replaces` is dropped.
+        let replaced: Vec<&str> =
+            matched.iter().flatten().flat_map(|(rule, _)| rule.replaces.iter().map(|name| &**name)).collect();
+        let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
+        let mut charges: Vec<Charge<'_>> = Vec::new();
+        let mut charge_of: Vec<Option<usize>> = Vec::with_capacity(matched.len());
+        for (descriptor, found) in request.descriptors.iter().zip(matched) {
+            let mut charge = None;
+            let outcome = match found {
+                None => Outcome::NoLimit,
+                Some((rule, _)) if rule.name.as_deref().is_some_and(|name| replaced.contains(&name)) => {
+                    Outcome::NoLimit
+                }
+                Some((rule, _)) if matches!(rule.quota, Quota::Unlimited) => Outcome::Unlimited,
+                Some((rule, subject)) => {
+                    charge = Some(charges.len());
+                    charges.push(Charge { rule, subject, hits: request::hits(request, descriptor) });
+                    Outcome::Limited { rule, verdict: Verdict::Unevaluated }
+                }
+            };
+            outcomes.push(outcome);
+            charge_of.push(charge);
+        }
+
+        let verdicts =
+            if charges.is_empty() { Ok(Vec::new()) } else { self.evaluate(domain, &charges).await };
+        let verdicts = match verdicts {
+            Ok(verdicts) => verdicts,
+            Err(failure) => return self.backend_failure(domain, &outcomes, failure),
+        };
+        for (outcome, charge) in outcomes.iter_mut().zip(&charge_of) {
+            if let (Outcome::Limited { verdict, .. }, Some(charge)) = (outcome, charge)
+                && let Some(found) = verdicts.get(*charge)
+            {
+                *verdict = *found;
+            }
+        }
+        Ok(self.respond(domain, &outcomes))
+    }
+
+    async fn evaluate(
+        &self,
+        domain: &Domain,
+        charges: &[Charge<'_>],
+    ) -> Result<Vec<Verdict>, BackendFailure> {
+        let hasher = &self.state.hasher;
+        match (&self.state.limiters, domain.algorithm) {
+            (Limiters::Memory(memory), Algorithm::FixedWindow) => {
+                evaluate::<FixedWindowPolicy, _>(&memory.fixed, hasher, charges).await
+            }
+            (Limiters::Memory(memory), Algorithm::Gcra) => {
+                evaluate::<GcraPolicy, _>(&memory.gcra, hasher, charges).await
+            }
+            (Limiters::Redis(redis), algorithm) => {
+                let Some(limiters) = redis.get(&*domain.name) else {
+                    return Err(BackendFailure {
+                        consumption: ConsumptionStatus::NotConsumed,
+                        message: format!("no Redis limiter for domain {}", domain.name),
+                    });
+                };
+                match algorithm {
+                    Algorithm::FixedWindow => {
+                        evaluate::<FixedWindowPolicy, _>(&limiters.fixed, hasher, charges).await
+                    }
+                    Algorithm::Gcra => evaluate::<GcraPolicy, _>(&limiters.gcra, hasher, charges).await,
+                }
+            }
+            (Limiters::Postgres(postgres), Algorithm::FixedWindow) => {
+                evaluate::<FixedWindowPolicy, _>(&postgres.fixed, hasher, charges).await
+            }
+            (Limiters::Postgres(postgres), Algorithm::Gcra) => {
+                evaluate::<GcraPolicy, _>(&postgres.gcra, hasher, charges).await
+            }
+        }
+    }
+
+    fn respond(&self, domain: &Domain, outcomes: &[Outcome<'_>]) -> RateLimitResponse {
+        let options = &self.state.options;
+        let over_limit = outcomes.iter().any(|outcome| {
+            matches!(outcome, Outcome::Limited { verdict: Verdict::Exhausted { enforced: true, .. }, .. })
+        });
+        for outcome in outcomes {
+            if let Outcome::Limited { rule, verdict: Verdict::Exhausted { enforced: false, reason } } =
+                outcome
+            {
+                metrics::shadow_denial(domain, rule, *reason);
+            }
+        }
+        let code = if over_limit { Code::OverLimit } else { Code::Ok };
+        metrics::request(Some(domain), code);
+        RateLimitResponse {
+            overall_code: code.into(),
+            statuses: outcomes.iter().map(|outcome| response::status(outcome, options.shadow_mode)).collect(),
+            response_headers_to_add: options
+                .response_headers
+                .map(|format| response::headers(format, outcomes, over_limit))
+                .unwrap_or_default(),
+            ..RateLimitResponse::default()
+        }
+    }
+
+    fn backend_failure(
+        &self,
+        domain: &Domain,
+        outcomes: &[Outcome<'_>],
+        failure: BackendFailure,
+    ) -> Result<RateLimitResponse, Status> {
+        metrics::backend_failure(domain, failure.consumption);
+        let consumption = match failure.consumption {
+            ConsumptionStatus::NotConsumed => "no quota was consumed",
+            ConsumptionStatus::MayHaveBeenConsumed => "quota may have been consumed",
+            ConsumptionStatus::Consumed => "quota was consumed (the enforced rules were charged)",
+        };
+        tracing::warn!(domain = &*domain.name, consumption, error = %failure.message, "backend failure");
+        let code = match self.state.options.on_backend_error {
+            BackendErrorMode::Unavailable => {
+                return Err(Status::unavailable(format!(
+                    "rate limit backend failed ({consumption}): {}",
+                    failure.message
+                )));
+            }
+            BackendErrorMode::OverLimit => Code::OverLimit,
+            BackendErrorMode::Ok => Code::Ok,
+        };
+        metrics::request(Some(domain), code);
+        let statuses = outcomes
+            .iter()
+            .map(|outcome| {
+                let mut status = response::status(outcome, false);
+                if code == Code::OverLimit && matches!(outcome, Outcome::Limited { .. }) {
+                    status.code = Code::OverLimit.into();
+                }
+                status
+            })
+            .collect();
+        Ok(RateLimitResponse { overall_code: code.into(), statuses, ..RateLimitResponse::default() })
+    }
+}
+
+/// The rules of the request's limit overrides, by descriptor index: `requests_per_unit` per
+/// `unit` of the domain's algorithm (GCRA with a burst of `requests_per_unit`), counted per
+/// domain, entry keys and limit, and per entry values.
+fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> HashMap<usize, Rule> {
+    let mut rules = HashMap::new();
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let Some(limit) = &descriptor.limit else { continue };
+        // `validate` refused unknown units.
+        let Some(unit) = request::override_unit(limit.unit) else { continue };
+        let keys = descriptor.entries.iter().map(|entry| (entry.key.as_str(), None));
+        let id = policy_id("override", &domain.name, keys);
+        let mut path = domain.name.to_string();
+        for entry in &descriptor.entries {
+            path.push('.');
+            path.push_str(&entry.key);
+        }
+        path.push_str(" (override)");
+        let policy = if limit.requests_per_unit == 0 {
+            None
+        } else {
+            build_policy(id.clone(), domain.algorithm, limit.requests_per_unit, unit, None)
+                .ok()
+                .map(|policy| if shadow { policy.with_quota_mode(QuotaMode::Shadow) } else { policy })
+        };
+        let header_name = runlimit_http::draft_11::PolicyName::new(&path)
+            .unwrap_or_else(|_| runlimit_http::draft_11::PolicyName::from(&id));
+        rules.insert(
+            index,
+            Rule {
+                path: path.into(),
+                name: None,
+                replaces: Box::new([]),
+                quota: Quota::Limited { requests_per_unit: limit.requests_per_unit, unit, policy },
+                shadow,
+                header_name,
+            },
+        );
+    }
+    rules
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Service {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        Self::should_rate_limit(self, request.get_ref()).await.map(Response::new)
+    }
+}

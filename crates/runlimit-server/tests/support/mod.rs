@@ -1,0 +1,186 @@
+//! Shared by the integration tests: an in-process server on loopback ports, the generated RLS
+//! client, request builders and the backends of the test run.
+//!
+//! Each test binary includes this module with `mod support;`; not every binary uses every
+//! helper.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use envoy_types::pb::{
+    envoy::{
+        extensions::common::ratelimit::v3::{
+            RateLimitDescriptor,
+            rate_limit_descriptor::{Entry, RateLimitOverride},
+        },
+        service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+            rate_limit_response::{Code, DescriptorStatus},
+            rate_limit_service_client::RateLimitServiceClient,
+        },
+    },
+    google::protobuf::{Duration as PbDuration, UInt64Value},
+};
+use runlimit_core::KeyHasher;
+use runlimit_memory::{ManualClock, MemoryStoreConfig};
+use runlimit_server::{Backend, RuleTable, Server, Service, ServiceOptions};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tonic::transport::Channel;
+
+/// The key secret every test server uses (shared backends need one secret).
+pub const SECRET: &[u8] = b"runlimit-server test secret, 32+ bytes long";
+
+pub fn hasher() -> KeyHasher {
+    KeyHasher::new(SECRET).unwrap()
+}
+
+/// A rule table from one YAML text named `test.yaml`; panics with every problem if invalid.
+pub fn rules(yaml: &str) -> RuleTable {
+    RuleTable::from_sources([("test.yaml", yaml)]).unwrap_or_else(|errors| panic!("invalid rules:\n{errors}"))
+}
+
+/// A memory backend on a manual clock (so every window and delay is exact), and the clock.
+pub fn memory() -> (Backend, ManualClock) {
+    let clock = ManualClock::new();
+    let backend =
+        Backend::memory_with_clock(MemoryStoreConfig::new(100_000).unwrap(), Arc::new(clock.clone()));
+    (backend, clock)
+}
+
+/// An in-process server on free loopback ports, stopped when dropped.
+pub struct TestServer {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub service: Service,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Serves `yaml` from `backend` with `options`.
+    pub async fn start(yaml: &str, backend: &Backend, options: ServiceOptions) -> Self {
+        let service = Service::new(rules(yaml), backend, hasher(), options);
+        Self::serve(service).await
+    }
+
+    /// Serves `service`.
+    pub async fn serve(service: Service) -> Self {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let server = Server::with_service(service.clone(), loopback, loopback).await.unwrap();
+        let (grpc, http) = (server.grpc_addr().unwrap(), server.http_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .serve(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self { grpc, http, service, stop: Some(stop), task: Some(task) }
+    }
+
+    /// A connected RLS client.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        client(self.grpc).await
+    }
+
+    /// Stops the server and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// An RLS client of the server at `address`, retrying the connection for up to 10 s.
+pub async fn client(address: SocketAddr) -> RateLimitServiceClient<Channel> {
+    let endpoint = format!("http://{address}");
+    for _ in 0..100 {
+        if let Ok(client) = RateLimitServiceClient::connect(endpoint.clone()).await {
+            return client;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no gRPC server at {address}");
+}
+
+/// A descriptor of `(key, value)` entries.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry { key: (*key).into(), value: (*value).into() })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// The same descriptor with its own `hits_addend`.
+pub fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    descriptor.hits_addend = Some(UInt64Value { value: hits });
+    descriptor
+}
+
+/// The same descriptor with a limit override (`unit`: `envoy.type.v3.RateLimitUnit`).
+pub fn with_override(
+    mut descriptor: RateLimitDescriptor,
+    requests_per_unit: u32,
+    unit: i32,
+) -> RateLimitDescriptor {
+    descriptor.limit = Some(RateLimitOverride { requests_per_unit, unit });
+    descriptor
+}
+
+/// A request of `domain` with one descriptor per element of `descriptors`.
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors.iter().map(|entries| descriptor(entries)).collect(),
+        hits_addend: 0,
+    }
+}
+
+/// Calls `ShouldRateLimit`, panicking on a gRPC error.
+pub async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client.should_rate_limit(request).await.unwrap().into_inner()
+}
+
+/// A compact view of a status for exact assertions:
+/// `(code, Some((requests_per_unit, unit)) or None, limit_remaining, duration_until_reset in ms)`.
+pub type StatusView = (Code, Option<(u32, i32)>, u32, Option<u64>);
+
+pub fn view(status: &DescriptorStatus) -> StatusView {
+    (
+        Code::try_from(status.code).unwrap(),
+        status.current_limit.as_ref().map(|limit| (limit.requests_per_unit, limit.unit)),
+        status.limit_remaining,
+        status.duration_until_reset.as_ref().map(millis),
+    )
+}
+
+pub fn views(response: &RateLimitResponse) -> Vec<StatusView> {
+    response.statuses.iter().map(view).collect()
+}
+
+pub fn overall(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).unwrap()
+}
+
+pub fn millis(duration: &PbDuration) -> u64 {
+    u64::try_from(duration.seconds).unwrap() * 1_000 + u64::try_from(duration.nanos).unwrap() / 1_000_000
+}
