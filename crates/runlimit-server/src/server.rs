@@ -249,6 +249,12 @@ impl Server {
         Ok(Self { service, grpc, http, metrics: None, cleanup_interval: Duration::from_secs(60) })
     }
 
+    /// The same server rendering `handle` on `GET /metrics` (see [`install_metrics`]).
+    #[must_use]
+    pub fn with_metrics(self, handle: PrometheusHandle) -> Self {
+        Self { metrics: Some(handle), ..self }
+    }
+
     /// The bound gRPC address.
     ///
     /// # Errors
