@@ -84,10 +84,10 @@ pub enum BackendError {
         #[source]
         source: runlimit_redis::UrlError,
     },
-    /// The Redis key prefix is longer than [`MAX_REDIS_KEY_PREFIX_LEN`] bytes or holds a
-    /// character runlimit-redis refuses.
+    /// The Redis key prefix is empty, longer than [`MAX_REDIS_KEY_PREFIX_LEN`] bytes or holds
+    /// a character runlimit-redis refuses.
     #[error(
-        "invalid Redis key prefix `{prefix}`: at most {MAX_REDIS_KEY_PREFIX_LEN} ASCII letters, digits, '.', '_', \
+        "invalid Redis key prefix `{prefix}`: 1 to {MAX_REDIS_KEY_PREFIX_LEN} ASCII letters, digits, '.', '_', \
          '-' or ':'"
     )]
     RedisKeyPrefix {

@@ -50,10 +50,14 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", env = "RUNLIMIT_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
-    /// Keep counters in Redis 7 or newer (redis://[USER:PASSWORD@]HOST[:PORT][/DB]; standalone or
-    /// Cluster, maxmemory-policy noeviction), shared by every replica with the same URL, prefix
+    // The URL patterns' brackets would be intra-doc links to rustdoc, and backticks would show
+    // in --help: so the doc comments quote them and `help` spells the text --help shows.
+    /// Keep counters in Redis 7 or newer (`redis://[USER:PASSWORD@]HOST[:PORT][/DB]`; standalone
+    /// or Cluster, maxmemory-policy noeviction), shared by every replica with the same URL, prefix
     /// and key secret.
     #[arg(
+        help = "Keep counters in Redis 7 or newer (redis://[USER:PASSWORD@]HOST[:PORT][/DB]; standalone or Cluster, \
+                maxmemory-policy noeviction), shared by every replica with the same URL, prefix and key secret",
         long,
         value_name = "URL",
         env = "RUNLIMIT_REDIS_URL",
@@ -62,9 +66,16 @@ pub struct Args {
     )]
     pub redis_url: Option<String>,
 
-    /// Keep counters in PostgreSQL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE), shared by
-    /// every replica with the same database and key secret; migrations are applied at start.
-    #[arg(long, value_name = "URL", env = "RUNLIMIT_DATABASE_URL", hide_env_values = true)]
+    /// Keep counters in PostgreSQL (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), shared
+    /// by every replica with the same database and key secret; migrations are applied at start.
+    #[arg(
+        help = "Keep counters in PostgreSQL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE), shared by every replica \
+                with the same database and key secret; migrations are applied at start",
+        long,
+        value_name = "URL",
+        env = "RUNLIMIT_DATABASE_URL",
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
 
     /// A file holding the HMAC key secret: its bytes (at least 32), less one trailing newline.
@@ -73,9 +84,15 @@ pub struct Args {
     pub key_secret_file: Option<PathBuf>,
 
     /// Global shadow mode: every rule is evaluated and over-limit descriptors are reported and
-    /// counted, but every request is answered OK and a request that would have been denied
-    /// consumes nothing.
-    #[arg(long, env = "RUNLIMIT_SHADOW_MODE")]
+    /// counted, but requests are answered OK and a request that would have been denied consumes
+    /// nothing (a full store still denies: storage bounds are enforced in every mode). The
+    /// variable accepts true/false, yes/no, on/off or 1/0.
+    #[arg(
+        long,
+        env = "RUNLIMIT_SHADOW_MODE",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub shadow_mode: bool,
 
     /// Add rate limit response headers: draft-11 (RateLimit-Policy, RateLimit, and Retry-After
@@ -109,8 +126,14 @@ pub struct Args {
     #[arg(long, value_name = "N", env = "RUNLIMIT_MEMORY_SHARDS", default_value_t = 16)]
     pub memory_shards: usize,
 
-    /// Most pooled PostgreSQL connections (with --database-url).
-    #[arg(long, value_name = "N", env = "RUNLIMIT_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    /// Most pooled PostgreSQL connections (with --database-url); at least 1.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "RUNLIMIT_DATABASE_MAX_CONNECTIONS",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub database_max_connections: u32,
 
     /// Seconds between bounded cleanups of expired counters in Redis or PostgreSQL.

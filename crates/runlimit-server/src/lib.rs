@@ -76,8 +76,8 @@ pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg};
 pub use crate::config::{Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, RuleTable, Unit};
 pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher};
 pub use crate::server::{
-    GRPC_LISTENING_PREFIX, HTTP_LISTENING_PREFIX, RunError, Server, announce, install_metrics,
-    shutdown_signal,
+    GRPC_LISTENING_PREFIX, HTTP_LISTENING_PREFIX, RunError, SHUTDOWN_GRACE, Server, announce,
+    install_metrics, shutdown_signal,
 };
 pub use crate::service::{
     BackendErrorMode, HeaderFormat, MAX_DESCRIPTORS, MAX_DOMAIN_LEN, MAX_ENTRIES, MAX_KEY_LEN, MAX_VALUE_LEN,
@@ -87,7 +87,7 @@ pub use crate::service::{
 /// Runs the server `args` describe until SIGINT or SIGTERM: loads the rules, prepares the
 /// backend, binds both listeners, prints `grpc listening on HOST:PORT` and
 /// `http listening on HOST:PORT` on stdout, and serves; on a signal, stops accepting, lets
-/// in-flight calls finish and returns `Ok`.
+/// in-flight calls finish (for at most [`SHUTDOWN_GRACE`]) and returns `Ok`.
 ///
 /// # Errors
 ///
@@ -98,9 +98,12 @@ pub async fn run(args: &Args) -> Result<(), RunError> {
     let bind_error = |option, address, source| RunError::Bind { option, address, source };
     let grpc = server.grpc_addr().map_err(|source| bind_error("--grpc-addr", args.grpc_addr, source))?;
     let http = server.http_addr().map_err(|source| bind_error("--http-addr", args.http_addr, source))?;
+    // The signal handlers go in before the announcement: a supervisor that signals as soon as
+    // it reads the listening lines gets a graceful stop, not the signal's default action.
+    let shutdown = shutdown_signal();
     announce(grpc, http)?;
     tracing::info!(%grpc, %http, "serving");
-    server.serve(shutdown_signal()).await
+    server.serve(shutdown).await
 }
 
 /// `runlimit-server check-config PATH [--previous OLD]`: validates the rule files at `path`.

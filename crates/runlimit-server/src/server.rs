@@ -43,6 +43,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most expired entries one cleanup pass removes per limiter.
 const CLEANUP_BATCH: u32 = 1_000;
 
+/// How long, after the shutdown signal, in-flight calls and open connections get to finish
+/// before [`Server::serve`] returns anyway: a peer that stops reading (a frozen or partitioned
+/// client never acknowledges HTTP/2's shutdown `PING`) must not keep the process alive.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// Why the server could not start, or stopped with an error. Each message names what failed,
 /// where, and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +79,16 @@ pub enum RunError {
         /// Why.
         #[source]
         source: runlimit_redis::ConfigError,
+    },
+    /// `--redis-url` is not a Redis URL runlimit-redis can use.
+    #[error(
+        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] (no TLS, no Unix \
+         socket)"
+    )]
+    RedisUrl {
+        /// runlimit-redis' reason.
+        #[source]
+        source: runlimit_redis::UrlError,
     },
     /// `--database-url` is not a PostgreSQL URL.
     #[error(
@@ -281,8 +296,8 @@ impl Server {
 
     /// Serves gRPC (`RateLimitService` and `grpc.health.v1.Health`) and HTTP
     /// (`GET /healthcheck`, `GET /metrics`) until `shutdown` completes, then stops accepting,
-    /// lets in-flight calls finish and returns. Runs the periodic cleanup of shared storage
-    /// meanwhile.
+    /// lets in-flight calls finish (for at most [`SHUTDOWN_GRACE`]) and returns. Runs the
+    /// periodic cleanup of shared storage meanwhile.
     ///
     /// # Errors
     ///
@@ -317,9 +332,23 @@ impl Server {
             tracing::info!("shutting down: no new connections, finishing in-flight calls");
             let _ = stop.send(true);
         });
-        let (grpc, http) = tokio::join!(grpc, async { http.await });
+        let grace = async move {
+            wait(stopped).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        let finished = tokio::select! {
+            finished = async { tokio::join!(grpc, async { http.await }) } => Some(finished),
+            () = grace => None,
+        };
         cleanup.abort();
         signal.abort();
+        let Some((grpc, http)) = finished else {
+            tracing::warn!(
+                grace_secs = SHUTDOWN_GRACE.as_secs(),
+                "stopped with connections still open after the shutdown grace period"
+            );
+            return Ok(());
+        };
         grpc.map_err(|source| RunError::Grpc { source })?;
         http.map_err(|source| RunError::Http { source })?;
         tracing::info!("stopped");
@@ -349,14 +378,19 @@ async fn bind(option: &'static str, address: SocketAddr) -> Result<TcpListener, 
 /// Builds and prepares the backend `args` selects.
 async fn backend(args: &Args) -> Result<Backend, RunError> {
     if let Some(url) = &args.redis_url {
-        let prefix =
-            KeyPrefix::new(&args.redis_key_prefix).map_err(|source| RunError::RedisConfig { source })?;
+        // runlimit-redis' own refusal would quote its bound (64 bytes), not this server's (47).
+        let prefix = KeyPrefix::new(&args.redis_key_prefix).map_err(|_| RunError::Backend {
+            backend: "redis",
+            source: BackendError::RedisKeyPrefix { prefix: args.redis_key_prefix.clone() },
+        })?;
         let config = RedisConfig::default()
             .with_key_prefix(prefix)
             .with_maximum_keys_per_shard(args.redis_max_keys_per_shard)
             .map_err(|source| RunError::RedisConfig { source })?;
-        let backend =
-            Backend::redis(url, &config).map_err(|source| RunError::Backend { backend: "redis", source })?;
+        let backend = Backend::redis(url, &config).map_err(|source| match source {
+            BackendError::RedisUrl { source } => RunError::RedisUrl { source },
+            source => RunError::Backend { backend: "redis", source },
+        })?;
         return match backend.prepare().await {
             Ok(()) => Ok(backend),
             Err(BackendError::RedisPrepare { address, source: source @ PrepareError::Unreachable(_) }) => {
@@ -369,6 +403,18 @@ async fn backend(args: &Args) -> Result<Backend, RunError> {
         };
     }
     if let Some(url) = &args.database_url {
+        // SQLx reads any URL's host, port, user and database, whatever its scheme: without this
+        // check, `mysql://HOST/DB` would connect to a PostgreSQL server on HOST's port 5432.
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        if !scheme.is_some_and(|scheme| {
+            scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+        }) {
+            let reason = match scheme {
+                Some(scheme) => format!("the scheme is `{scheme}`, not postgres or postgresql"),
+                None => "no postgres:// or postgresql:// scheme".to_owned(),
+            };
+            return Err(RunError::DatabaseUrl { source: sqlx::Error::Configuration(reason.into()) });
+        }
         let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
         let address = format!(
             "{}:{}/{}",
@@ -423,23 +469,40 @@ pub fn announce(grpc: SocketAddr, http: SocketAddr) -> Result<(), RunError> {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+///
+/// The signal handlers are installed when this function is called, not when the future is
+/// first polled: a signal that arrives in between (say, right after the listening lines are
+/// announced, before serving starts) is delivered to the future instead of ending the process
+/// by the signal's default action.
+///
+/// # Panics
+///
+/// Outside a Tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        async fn received(signal: io::Result<Signal>) {
+            match signal {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+        let interrupt = received(signal(SignalKind::interrupt()));
+        let terminate = received(signal(SignalKind::terminate()));
+        async move {
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
+    {
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -64,7 +64,8 @@ impl std::error::Error for ConfigError {
 /// Every problem found in a set of rule files, in file order and, within a file, in
 /// document order. Never empty.
 ///
-/// Displayed one problem per line.
+/// Displayed one problem per line, each followed by its causes (`: ` and the operating
+/// system's error, for [`ConfigErrorKind::Read`]), since this list is the whole report.
 #[derive(Debug)]
 pub struct ConfigErrors {
     errors: Vec<ConfigError>,
@@ -90,6 +91,11 @@ impl fmt::Display for ConfigErrors {
                 writeln!(f)?;
             }
             write!(f, "{error}")?;
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                write!(f, ": {cause}")?;
+                source = cause.source();
+            }
         }
         Ok(())
     }

@@ -283,6 +283,7 @@ impl RuleTable {
                 errors.push(ConfigError::new(&file, "domain", ConfigErrorKind::EmptyDomain));
                 continue;
             }
+            // A second definition is still compiled, so its own problems are reported too.
             if let Some(other) = defined_in.get(domain_name) {
                 errors.push(ConfigError::new(
                     &file,
@@ -292,11 +293,11 @@ impl RuleTable {
                         other: other.display().to_string(),
                     },
                 ));
-                continue;
+            } else {
+                defined_in.insert(domain_name.into(), file.clone());
             }
             let domain =
                 compile_domain(&file, domain_name, doc.descriptors.as_deref().unwrap_or(&[]), &mut errors);
-            defined_in.insert(domain_name.into(), file.clone());
             if errors.len() == before {
                 domains.insert(domain_name.into(), domain);
             }
@@ -477,7 +478,8 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
 }
 
 /// Reports non-string keys and non-map list items, the two shapes serde would describe only
-/// vaguely. Every list of the format is a list of maps.
+/// vaguely. Every list of the format is a list of maps; the contents of `metadata`, which is
+/// arbitrary YAML, are not checked (as envoyproxy/ratelimit does not).
 fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, errors: &mut Vec<ConfigError>) {
     match value {
         serde_norway::Value::Mapping(mapping) => {
@@ -490,6 +492,9 @@ fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, erro
                     ));
                     continue;
                 };
+                if key == "metadata" {
+                    continue;
+                }
                 let len = path.len();
                 if !path.is_empty() {
                     path.push('.');
@@ -543,9 +548,10 @@ struct DomainBuilder<'a> {
     rules: Vec<Rule>,
     /// The first limited rule's algorithm and document path.
     algorithm: Option<(Algorithm, String)>,
-    /// Each named rule's name, and each `replaces` name with its document path.
+    /// Each named rule's name, and each `replaces` name with its document path and the
+    /// position in `errors` its problem, if any, takes (so problems stay in document order).
     names: HashSet<Box<str>>,
-    replaces: Vec<(String, String)>,
+    replaces: Vec<(String, String, usize)>,
     errors: &'a mut Vec<ConfigError>,
 }
 
@@ -560,12 +566,14 @@ fn compile_domain(file: &Path, name: &str, docs: &[RuleDoc], errors: &mut Vec<Co
         errors,
     };
     let root = builder.level(docs, "", &[]);
-    for (replaced, location) in std::mem::take(&mut builder.replaces) {
+    // Names can be used before they are defined, so these are checked last, and each problem
+    // is put where it was found. The positions never decrease; `inserted` shifts the later ones.
+    let mut inserted = 0;
+    for (replaced, location, at) in std::mem::take(&mut builder.replaces) {
         if !builder.names.contains(replaced.as_str()) {
-            builder.error(
-                location,
-                ConfigErrorKind::ReplacesUnknown { name: replaced, domain: name.to_owned() },
-            );
+            let kind = ConfigErrorKind::ReplacesUnknown { name: replaced, domain: name.to_owned() };
+            builder.errors.insert(at + inserted, ConfigError::new(file, location, kind));
+            inserted += 1;
         }
     }
     let algorithm = builder.algorithm.map_or(Algorithm::FixedWindow, |(algorithm, _)| algorithm);
@@ -592,17 +600,19 @@ impl DomainBuilder<'_> {
                 format!("{location}.descriptors[{index}]")
             };
             let key = doc.key.as_deref().unwrap_or("");
-            if key.is_empty() {
-                self.error(format!("{here}.key"), ConfigErrorKind::EmptyKey);
-                continue;
-            }
             let value = doc.value.as_deref().filter(|value| !value.is_empty());
             let mut path: Vec<PathEntry<'_>> = parents.to_vec();
             path.push((key, value));
-            if !seen.insert((key, value)) {
+            // A rule without a key, or a duplicate, is still checked through (its `rate_limit`,
+            // its children), so every problem is reported; it is left out of the tree.
+            let mut valid = true;
+            if key.is_empty() {
+                self.error(format!("{here}.key"), ConfigErrorKind::EmptyKey);
+                valid = false;
+            } else if !seen.insert((key, value)) {
                 let rule = rule_path(self.domain, &path);
-                self.error(here, ConfigErrorKind::DuplicateRule { rule });
-                continue;
+                self.error(here.clone(), ConfigErrorKind::DuplicateRule { rule });
+                valid = false;
             }
             let composite = composite(key, value);
             let pattern = Glob::new(&composite);
@@ -625,6 +635,9 @@ impl DomainBuilder<'_> {
                 .as_ref()
                 .and_then(|rate_limit| self.rule(rate_limit, doc, &format!("{here}.rate_limit"), &path));
             let children = self.level(doc.descriptors.as_deref().unwrap_or(&[]), &here, &path);
+            if !valid {
+                continue;
+            }
             let node = Node { rule, share, children };
             match (pattern, value) {
                 (Some(glob), _) => level.wildcards.push((glob, node)),
@@ -656,7 +669,7 @@ impl DomainBuilder<'_> {
                     self.error(at, ConfigErrorKind::ReplacesSelf { name: replaced.to_owned() });
                 }
                 Some(replaced) => {
-                    self.replaces.push((replaced.to_owned(), at));
+                    self.replaces.push((replaced.to_owned(), at, self.errors.len()));
                     replaces.push(Box::from(replaced));
                 }
             }

@@ -1,1 +1,1736 @@
-//! Unit tests of the rule file compiler.
+//! Unit tests of the rule file compiler: every invalid case with its full message, loading
+//! from disk, envoyproxy/ratelimit's README examples, `describe` and `restarted_counters`.
+//!
+//! The YAML of envoyproxy/ratelimit's own test files (`test/config/*.yaml`) is reproduced
+//! where a test is named after one.
+
+use std::{fs, path::Path};
+
+use super::*;
+
+/// The table of one file named `test.yaml`; panics with every problem if invalid.
+fn table(text: &str) -> RuleTable {
+    RuleTable::from_sources([("test.yaml", text)]).unwrap_or_else(|errors| panic!("invalid rules:\n{errors}"))
+}
+
+/// Every problem of `sources`, as `check-config` prints them; panics if they are valid.
+fn problems<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    match RuleTable::from_sources(sources) {
+        Ok(table) => panic!("expected problems, got a valid table: {:?}", table.describe()),
+        Err(errors) => errors.to_string(),
+    }
+}
+
+/// Every problem of one file.
+fn problem(name: &str, text: &str) -> String {
+    problems([(name, text)])
+}
+
+/// One rule file with a single top-level rule `key: a` whose `rate_limit` block is `block`
+/// (each line indented under `rate_limit:`).
+fn with_rate_limit(block: &str) -> String {
+    let mut text = String::from("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n");
+    for line in block.lines() {
+        text.push_str("      ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+fn lines(text: &[&str]) -> Vec<String> {
+    text.iter().map(|line| (*line).to_owned()).collect()
+}
+
+fn rule<'t>(table: &'t RuleTable, domain: &str, path: &str) -> &'t Rule {
+    let domain = table.domain(domain).unwrap_or_else(|| panic!("no domain {domain}"));
+    domain.rules.iter().find(|rule| &*rule.path == path).unwrap_or_else(|| panic!("no rule {path}"))
+}
+
+const UNITS: &str = "second, minute, hour, day, week, month, year";
+
+// --- Invalid documents: syntax, shape, unknown keys, types ---
+
+#[test]
+fn bad_yaml_syntax_is_the_readers_message_with_line_and_column() {
+    assert_eq!(
+        problem("bad_yaml.yaml", "domain: \"test-domain\ndescriptors:\n"),
+        "bad_yaml.yaml: found unexpected end of stream at line 3 column 1, while scanning a quoted scalar \
+         at line 1 column 9"
+    );
+    assert_eq!(
+        problem("bad_yaml.yaml", "domain: test-domain\n\tdescriptors: []\n"),
+        "bad_yaml.yaml: found a tab character that violates indentation at line 2 column 1, while scanning \
+         a plain scalar at line 1 column 9"
+    );
+}
+
+#[test]
+fn misspelled_key_ratelimit_names_the_path_and_the_allowed_keys() {
+    // envoyproxy/ratelimit test/config/misspelled_key.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    ratelimit:
+      unit: day
+      requests_per_unit: 5
+";
+    assert_eq!(
+        problem("misspelled_key.yaml", text),
+        "misspelled_key.yaml: descriptors[0]: unknown field `ratelimit`, expected one of `key`, `value`, \
+         `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+         `share_threshold`, `metadata` at line 5 column 5"
+    );
+}
+
+#[test]
+fn misspelled_key_requestsperunit_names_the_path_and_the_allowed_keys() {
+    // envoyproxy/ratelimit test/config/misspelled_key2.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: day
+      requestsperunit: 5
+";
+    assert_eq!(
+        problem("misspelled_key2.yaml", text),
+        "misspelled_key2.yaml: descriptors[0].rate_limit: unknown field `requestsperunit`, expected one of \
+         `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `burst` at line 7 column 7"
+    );
+}
+
+#[test]
+fn unknown_top_level_and_replaces_keys() {
+    assert_eq!(
+        problem("top.yaml", "domain: d\nratelimit: {}\n"),
+        "top.yaml: unknown field `ratelimit`, expected `domain` or `descriptors` at line 2 column 1"
+    );
+    assert_eq!(
+        problem(
+            "replaces.yaml",
+            &with_rate_limit("unit: second\nrequests_per_unit: 1\nreplaces: [{nam: x}]")
+        ),
+        "replaces.yaml: descriptors[0].rate_limit.replaces[0]: unknown field `nam`, expected `name` at line 7 \
+         column 19"
+    );
+}
+
+#[test]
+fn unit_multiplier_is_an_unknown_key() {
+    // envoyproxy/ratelimit's unmerged PR #552 (test/config/zero_unit_multiplier.yaml).
+    let text = "domain: test-domain
+descriptors:
+  # 0 unit_multiplier
+  - key: key1
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+      unit_multiplier: 0
+";
+    assert_eq!(
+        problem("zero_unit_multiplier.yaml", text),
+        "zero_unit_multiplier.yaml: descriptors[0].rate_limit: unknown field `unit_multiplier`, expected one \
+         of `unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`, `algorithm`, `burst` at line 8 \
+         column 7"
+    );
+}
+
+#[test]
+fn non_string_key_is_named_as_yaml() {
+    // envoyproxy/ratelimit test/config/non_string_key.yaml (no trailing newline). Its misspelled
+    // `ratelimit` is not reported: shape problems stop the file before its keys are read.
+    let text = "0.25: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    ratelimit:
+      unit: day
+      requests_per_unit: 5";
+    assert_eq!(
+        problem("non_string_key.yaml", text),
+        "non_string_key.yaml: key `0.25` is not a string; keys are field names such as `key` or `rate_limit`"
+    );
+}
+
+#[test]
+fn non_string_key_below_the_top_has_its_path() {
+    assert_eq!(
+        problem("nested.yaml", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      true: 1\n"),
+        "nested.yaml: descriptors[0].rate_limit: key `true` is not a string; keys are field names such as `key` \
+         or `rate_limit`"
+    );
+}
+
+#[test]
+fn non_map_list_items_are_each_reported() {
+    // envoyproxy/ratelimit test/config/non_map_list.yaml
+    let text = "domain: test-domain
+descriptors:
+  - a
+  - b
+  - c
+";
+    assert_eq!(
+        problem("non_map_list.yaml", text),
+        "non_map_list.yaml: descriptors[0]: is the string \"a\"; every item of this list is a map (such as `key: ...`)
+non_map_list.yaml: descriptors[1]: is the string \"b\"; every item of this list is a map (such as `key: ...`)
+non_map_list.yaml: descriptors[2]: is the string \"c\"; every item of this list is a map (such as `key: ...`)"
+    );
+}
+
+#[test]
+fn non_map_items_of_nested_lists_are_described_by_kind() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    descriptors: [1, true, [x], ~]\n  -\n";
+    assert_eq!(
+        problem("nested.yaml", text),
+        "nested.yaml: descriptors[0].descriptors[0]: is the number 1; every item of this list is a map (such as `key: ...`)
+nested.yaml: descriptors[0].descriptors[1]: is the boolean true; every item of this list is a map (such as `key: ...`)
+nested.yaml: descriptors[0].descriptors[2]: is a list; every item of this list is a map (such as `key: ...`)
+nested.yaml: descriptors[0].descriptors[3]: is empty; every item of this list is a map (such as `key: ...`)
+nested.yaml: descriptors[1]: is empty; every item of this list is a map (such as `key: ...`)"
+    );
+}
+
+#[test]
+fn a_document_that_is_a_list_or_a_scalar_is_refused() {
+    assert_eq!(
+        problem("list.yaml", "- domain: d\n  descriptors: []\n"),
+        "list.yaml: the document is a list; a rule file is a map with `domain` and `descriptors`"
+    );
+    assert_eq!(
+        problem("scalar.yaml", "domain\n"),
+        "scalar.yaml: the document is the string \"domain\"; a rule file is a map with `domain` and `descriptors`"
+    );
+    assert_eq!(
+        problem("number.yaml", "42\n"),
+        "number.yaml: the document is the number 42; a rule file is a map with `domain` and `descriptors`"
+    );
+}
+
+#[test]
+fn several_yaml_documents_in_one_file_are_refused() {
+    assert_eq!(
+        problem("two.yaml", "domain: a\n---\ndomain: b\n"),
+        "two.yaml: deserializing from YAML containing more than one document is not supported"
+    );
+}
+
+#[test]
+fn a_key_given_twice_in_one_map_is_refused() {
+    assert_eq!(
+        problem("twice.yaml", "domain: a\ndomain: b\n"),
+        "twice.yaml: duplicate entry with key \"domain\""
+    );
+}
+
+// --- Domains ---
+
+#[test]
+fn empty_domain() {
+    assert_eq!(
+        problem("empty_domain.yaml", "domain: \"\"\ndescriptors:\n  - key: a\n"),
+        "empty_domain.yaml: domain: is missing or empty; every rule file names its domain"
+    );
+}
+
+#[test]
+fn missing_domain() {
+    assert_eq!(
+        problem("missing_domain.yaml", "descriptors:\n  - key: a\n"),
+        "missing_domain.yaml: domain: is missing or empty; every rule file names its domain"
+    );
+    assert_eq!(
+        problem("null_domain.yaml", "domain:\ndescriptors: []\n"),
+        "null_domain.yaml: domain: is missing or empty; every rule file names its domain"
+    );
+}
+
+#[test]
+fn an_empty_file_has_no_domain() {
+    assert_eq!(
+        problem("empty.yaml", ""),
+        "empty.yaml: domain: is missing or empty; every rule file names its domain"
+    );
+    assert_eq!(
+        problem("comments.yaml", "# nothing here yet\n"),
+        "comments.yaml: domain: is missing or empty; every rule file names its domain"
+    );
+}
+
+#[test]
+fn a_domain_without_rules_is_valid() {
+    for text in ["domain: d\n", "domain: d\ndescriptors:\n", "domain: d\ndescriptors: []\n"] {
+        let table = table(text);
+        assert_eq!((table.domain_count(), table.rule_count()), (1, 0), "{text}");
+        assert_eq!(table.describe(), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn duplicate_domain_names_the_file_that_defined_it_first() {
+    let rules = "domain: test-domain\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    assert_eq!(
+        problems([
+            ("basic_config.yaml", rules),
+            ("other.yaml", "domain: other\n"),
+            ("duplicate_domain.yaml", rules)
+        ]),
+        "duplicate_domain.yaml: domain: `test-domain` is already defined in basic_config.yaml; each domain's \
+         rules live in one file"
+    );
+}
+
+#[test]
+fn a_second_definition_of_a_domain_has_its_own_problems_reported() {
+    // Regression: a file whose domain was already defined was not compiled, hiding its own
+    // problems until it was renamed.
+    let first = "domain: d\n";
+    let second = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: foo, requests_per_unit: 1}\n";
+    assert_eq!(
+        problems([("a.yaml", first), ("b.yaml", second), ("c.yaml", "domain: d\n")]),
+        format!(
+            "b.yaml: domain: `d` is already defined in a.yaml; each domain's rules live in one file
+b.yaml: descriptors[0].rate_limit.unit: unknown unit `foo`; expected one of {UNITS} (any letter case)
+c.yaml: domain: `d` is already defined in a.yaml; each domain's rules live in one file"
+        )
+    );
+}
+
+#[test]
+fn duplicate_domain_is_reported_even_when_the_first_definition_is_invalid() {
+    let bad = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: foo, requests_per_unit: 1}\n";
+    assert_eq!(
+        problems([("a.yaml", bad), ("b.yaml", "domain: d\n")]),
+        format!(
+            "a.yaml: descriptors[0].rate_limit.unit: unknown unit `foo`; expected one of {UNITS} (any letter case)
+b.yaml: domain: `d` is already defined in a.yaml; each domain's rules live in one file"
+        )
+    );
+}
+
+// --- Rules ---
+
+#[test]
+fn duplicate_key_and_value_at_one_level() {
+    // envoyproxy/ratelimit test/config/duplicate_key.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+
+  - key: key1
+    value: value1
+";
+    assert_eq!(
+        problem("duplicate_key.yaml", text),
+        "duplicate_key.yaml: descriptors[1]: duplicates the rule `test-domain.key1_value1` of the same list \
+         (same key and value)"
+    );
+}
+
+#[test]
+fn duplicate_key_only_and_wildcard_rules_in_a_nested_list() {
+    let text = "domain: d
+descriptors:
+  - key: top
+    descriptors:
+      - key: a
+      - key: a
+        value: x*
+      - key: a
+        value: ''
+      - key: a
+        value: x*
+";
+    assert_eq!(
+        problem("dup.yaml", text),
+        "dup.yaml: descriptors[0].descriptors[2]: duplicates the rule `d.top.a` of the same list (same key and value)
+dup.yaml: descriptors[0].descriptors[3]: duplicates the rule `d.top.a_x*` of the same list (same key and value)"
+    );
+}
+
+#[test]
+fn rules_are_compared_by_key_and_value_not_by_their_key_value_text() {
+    // envoyproxy/ratelimit compares `a_b` (key only) and `a`/`b` as the same text `a_b`.
+    let text = "domain: d
+descriptors:
+  - key: a_b
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    value: b
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: a
+    value: b
+    descriptors:
+      - key: c
+";
+    assert_eq!(
+        problem("dup.yaml", text),
+        "dup.yaml: descriptors[2]: duplicates the rule `d.a_b` of the same list (same key and value)"
+    );
+}
+
+#[test]
+fn the_same_rule_in_different_lists_is_no_duplicate() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    descriptors:
+      - key: a
+        rate_limit: {unit: second, requests_per_unit: 2}
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&["d.a: 1 per second (fixed_window)", "d.b.a: 2 per second (fixed_window)"])
+    );
+}
+
+#[test]
+fn empty_key() {
+    assert_eq!(
+        problem("empty_key.yaml", "domain: d\ndescriptors:\n  - key: \"\"\n    value: v\n"),
+        "empty_key.yaml: descriptors[0].key: is missing or empty; every rule has a non-empty `key`"
+    );
+}
+
+#[test]
+fn missing_key() {
+    assert_eq!(
+        problem(
+            "missing_key.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - value: v\n        rate_limit: {unit: second, requests_per_unit: 1}\n"
+        ),
+        "missing_key.yaml: descriptors[0].descriptors[0].key: is missing or empty; every rule has a non-empty `key`"
+    );
+}
+
+#[test]
+fn bad_unit_foo() {
+    // envoyproxy/ratelimit's TestBadLimitUnit: "invalid rate limit unit 'foo'".
+    assert_eq!(
+        problem("bad_limit_unit.yaml", &with_rate_limit("unit: foo\nrequests_per_unit: 5")),
+        format!(
+            "bad_limit_unit.yaml: descriptors[0].rate_limit.unit: unknown unit `foo`; expected one of {UNITS} \
+             (any letter case)"
+        )
+    );
+}
+
+#[test]
+fn bad_unit_minutes() {
+    assert_eq!(
+        problem("minutes.yaml", &with_rate_limit("unit: minutes\nrequests_per_unit: 5")),
+        format!(
+            "minutes.yaml: descriptors[0].rate_limit.unit: unknown unit `minutes`; expected one of {UNITS} (any letter case)"
+        )
+    );
+}
+
+#[test]
+fn bad_unit_unknown_and_empty() {
+    // UNKNOWN is the proto enum's zero value, which envoyproxy/ratelimit refuses as well.
+    assert_eq!(
+        problem("unknown.yaml", &with_rate_limit("unit: UNKNOWN\nrequests_per_unit: 5")),
+        format!(
+            "unknown.yaml: descriptors[0].rate_limit.unit: unknown unit `UNKNOWN`; expected one of {UNITS} (any letter case)"
+        )
+    );
+    assert_eq!(
+        problem("empty.yaml", &with_rate_limit("unit: ''\nrequests_per_unit: 5")),
+        format!(
+            "empty.yaml: descriptors[0].rate_limit.unit: unknown unit ``; expected one of {UNITS} (any letter case)"
+        )
+    );
+}
+
+#[test]
+fn missing_unit() {
+    assert_eq!(
+        problem("missing_unit.yaml", &with_rate_limit("requests_per_unit: 5")),
+        format!("missing_unit.yaml: descriptors[0].rate_limit.unit: is missing; expected one of {UNITS}")
+    );
+    assert_eq!(
+        problem("null_unit.yaml", &with_rate_limit("unit:\nrequests_per_unit: 5")),
+        format!("null_unit.yaml: descriptors[0].rate_limit.unit: is missing; expected one of {UNITS}")
+    );
+}
+
+#[test]
+fn missing_requests_per_unit() {
+    assert_eq!(
+        problem("missing_rpu.yaml", &with_rate_limit("unit: second")),
+        "missing_rpu.yaml: descriptors[0].rate_limit.requests_per_unit: is missing; write the number of requests \
+         allowed per unit (0 denies every request)"
+    );
+}
+
+#[test]
+fn an_empty_rate_limit_block_misses_both_unit_and_requests_per_unit() {
+    assert_eq!(
+        problem("empty_block.yaml", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {}\n"),
+        format!(
+            "empty_block.yaml: descriptors[0].rate_limit.unit: is missing; expected one of {UNITS}
+empty_block.yaml: descriptors[0].rate_limit.requests_per_unit: is missing; write the number of requests \
+allowed per unit (0 denies every request)"
+        )
+    );
+}
+
+#[test]
+fn unlimited_with_unit() {
+    // envoyproxy/ratelimit test/config/unlimited_with_unit.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: foo
+    rate_limit:
+      unlimited: true
+      unit: day
+      requests_per_unit: 25
+";
+    assert_eq!(
+        problem("unlimited_with_unit.yaml", text),
+        "unlimited_with_unit.yaml: descriptors[0].rate_limit.unit: must not be given with `unlimited: true`"
+    );
+}
+
+#[test]
+fn unlimited_with_requests_per_unit_or_a_null_unit_is_valid() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unlimited: true, requests_per_unit: 25}
+  - key: b
+    rate_limit: {unlimited: true, unit: }
+  - key: c
+    rate_limit: {unlimited: false, unit: hour, requests_per_unit: 3}
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&["d.a: unlimited", "d.b: unlimited", "d.c: 3 per hour (fixed_window)"])
+    );
+}
+
+#[test]
+fn replaces_self() {
+    // envoyproxy/ratelimit test/config/replaces_self.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit:
+          name: self
+          replaces:
+            - name: self
+          unit: second
+          requests_per_unit: 5
+";
+    assert_eq!(
+        problem("replaces_self.yaml", text),
+        "replaces_self.yaml: descriptors[0].descriptors[0].rate_limit.replaces[0].name: `self` is this rule's \
+         own name; a rule cannot replace itself"
+    );
+}
+
+#[test]
+fn replaces_empty() {
+    // envoyproxy/ratelimit test/config/replaces_empty.yaml
+    let text = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit:
+          name: self
+          replaces:
+            - name:
+          unit: second
+          requests_per_unit: 5
+";
+    assert_eq!(
+        problem("replaces_empty.yaml", text),
+        "replaces_empty.yaml: descriptors[0].descriptors[0].rate_limit.replaces[0].name: is empty; each entry of \
+         `replaces` names the rule it replaces"
+    );
+}
+
+#[test]
+fn replaces_with_an_empty_string_or_no_name() {
+    assert_eq!(
+        problem("empty.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 1\nreplaces: [{name: ''}, {}]")),
+        "empty.yaml: descriptors[0].rate_limit.replaces[0].name: is empty; each entry of `replaces` names the rule it replaces
+empty.yaml: descriptors[0].rate_limit.replaces[1].name: is empty; each entry of `replaces` names the rule it replaces"
+    );
+}
+
+#[test]
+fn replaces_naming_no_rule_of_the_domain() {
+    let other = "domain: other\ndescriptors:\n  - key: b\n    rate_limit: {name: elsewhere, unit: second, requests_per_unit: 1}\n";
+    let text = "domain: test-domain
+descriptors:
+  - key: a
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      replaces:
+        - name: elsewhere
+";
+    assert_eq!(
+        problems([("other.yaml", other), ("replaces.yaml", text)]),
+        "replaces.yaml: descriptors[0].rate_limit.replaces[0].name: `elsewhere` is the name of no rule in domain \
+         `test-domain`"
+    );
+}
+
+#[test]
+fn replaces_may_name_a_rule_defined_later_or_deeper() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: deep}, {name: later}]}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 2, name: later}
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 3, name: deep}
+";
+    let table = table(text);
+    let a = rule(&table, "d", "d.a");
+    assert_eq!(a.replaces.iter().map(|name| &**name).collect::<Vec<_>>(), ["deep", "later"]);
+    assert_eq!(rule(&table, "d", "d.b").name.as_deref(), Some("later"));
+}
+
+#[test]
+fn requests_per_unit_above_u32() {
+    assert_eq!(
+        problem("big.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 5000000000")),
+        "big.yaml: descriptors[0].rate_limit.requests_per_unit: invalid value: integer `5000000000`, expected u32 \
+         at line 6 column 26"
+    );
+}
+
+#[test]
+fn requests_per_unit_negative() {
+    assert_eq!(
+        problem("negative.yaml", &with_rate_limit("unit: second\nrequests_per_unit: -1")),
+        "negative.yaml: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`, expected u32 at \
+         line 6 column 26"
+    );
+}
+
+#[test]
+fn requests_per_unit_not_an_integer() {
+    assert_eq!(
+        problem("float.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 1.5")),
+        "float.yaml: descriptors[0].rate_limit.requests_per_unit: invalid type: floating point `1.5`, expected u32 \
+         at line 6 column 26"
+    );
+    assert_eq!(
+        problem("string.yaml", &with_rate_limit("unit: second\nrequests_per_unit: \"5\"")),
+        "string.yaml: descriptors[0].rate_limit.requests_per_unit: invalid type: string \"5\", expected u32 at \
+         line 6 column 26"
+    );
+}
+
+#[test]
+fn requests_per_unit_at_u32_max_is_valid() {
+    let table = table(&with_rate_limit("unit: second\nrequests_per_unit: 4294967295"));
+    assert_eq!(table.describe(), lines(&["d.a: 4294967295 per second (fixed_window)"]));
+}
+
+#[test]
+fn gcra_burst_of_zero() {
+    assert_eq!(
+        problem(
+            "burst0.yaml",
+            &with_rate_limit("algorithm: gcra\nunit: second\nrequests_per_unit: 5\nburst: 0")
+        ),
+        "burst0.yaml: descriptors[0].rate_limit.burst: burst capacity must be at least 1"
+    );
+}
+
+#[test]
+fn gcra_burst_above_the_maximum() {
+    assert_eq!(
+        problem(
+            "burst.yaml",
+            &with_rate_limit(
+                "algorithm: gcra\nunit: second\nrequests_per_unit: 5\nburst: 9223372036854775808"
+            )
+        ),
+        "burst.yaml: descriptors[0].rate_limit.burst: burst capacity is 9223372036854775808, above the maximum of \
+         9223372036854775807"
+    );
+    assert_eq!(
+        problem(
+            "burst.yaml",
+            &with_rate_limit(
+                "algorithm: gcra\nunit: second\nrequests_per_unit: 5\nburst: 18446744073709551616"
+            )
+        ),
+        "burst.yaml: descriptors[0].rate_limit.burst: invalid type: integer `18446744073709551616` as u128, \
+         expected any YAML value at line 8 column 14"
+    );
+}
+
+#[test]
+fn gcra_burst_at_the_maximum_is_valid() {
+    let text = with_rate_limit(
+        "algorithm: gcra\nunit: second\nrequests_per_unit: 4294967295\nburst: 9223372036854775807",
+    );
+    assert_eq!(
+        table(&text).describe(),
+        lines(&["d.a: 4294967295 per second (gcra, burst 9223372036854775807)"])
+    );
+}
+
+#[test]
+fn gcra_replenishment_longer_than_runlimit_can_report() {
+    // 1,000 years to replenish a burst of 1,000 at 1 a year.
+    assert_eq!(
+        problem(
+            "slow.yaml",
+            &with_rate_limit("algorithm: gcra\nunit: year\nrequests_per_unit: 1\nburst: 1000")
+        ),
+        "slow.yaml: descriptors[0].rate_limit.burst: full replenishment takes 31536000000000 milliseconds, above \
+         the maximum of 9007199254740"
+    );
+}
+
+#[test]
+fn share_threshold_on_a_rule_without_a_wildcard() {
+    let text = "domain: d
+descriptors:
+  - key: files
+    value: files/a
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: route
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+";
+    assert_eq!(
+        problem("share.yaml", text),
+        "share.yaml: descriptors[0].share_threshold: applies only to a wildcard rule, whose value holds a `*`, but \
+         the rule is `files_files/a`
+share.yaml: descriptors[1].share_threshold: applies only to a wildcard rule, whose value holds a `*`, but the \
+rule is `route`"
+    );
+}
+
+#[test]
+fn share_threshold_false_on_a_plain_rule_and_true_on_a_wildcard_key_are_valid() {
+    let text = "domain: d
+descriptors:
+  - key: files
+    value: files/a
+    share_threshold: false
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: pre*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 20}
+";
+    let table = table(text);
+    let domain = table.domain("d").unwrap();
+    assert_eq!(domain.root.wildcards.len(), 1);
+    assert_eq!(domain.root.wildcards[0].1.share.as_deref(), Some("pre*"));
+    assert_eq!(domain.root.keys["files"].values["files/a"].share, None);
+}
+
+#[test]
+fn quota_mode_true_is_not_supported() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    quota_mode: false
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+    assert_eq!(
+        problem("quota.yaml", text),
+        "quota.yaml: descriptors[0].quota_mode: `quota_mode: true` is not supported: a request here is admitted \
+         only when every matched rule admits it (remove the key, or set it to false)"
+    );
+}
+
+#[test]
+fn unknown_algorithm() {
+    assert_eq!(
+        problem("alg.yaml", &with_rate_limit("algorithm: leaky_bucket\nunit: second\nrequests_per_unit: 1")),
+        "alg.yaml: descriptors[0].rate_limit.algorithm: unknown algorithm `leaky_bucket`; expected `fixed_window` \
+         (the default) or `gcra`"
+    );
+    // Algorithm names, unlike units, are not case-insensitive.
+    assert_eq!(
+        problem("alg.yaml", &with_rate_limit("algorithm: GCRA\nunit: second\nrequests_per_unit: 1")),
+        "alg.yaml: descriptors[0].rate_limit.algorithm: unknown algorithm `GCRA`; expected `fixed_window` (the \
+         default) or `gcra`"
+    );
+}
+
+#[test]
+fn burst_without_gcra() {
+    assert_eq!(
+        problem("burst.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 1\nburst: 4")),
+        "burst.yaml: descriptors[0].rate_limit.burst: applies only with `algorithm: gcra`"
+    );
+    assert_eq!(
+        problem(
+            "burst.yaml",
+            &with_rate_limit("algorithm: fixed_window\nunit: second\nrequests_per_unit: 1\nburst: 4")
+        ),
+        "burst.yaml: descriptors[0].rate_limit.burst: applies only with `algorithm: gcra`"
+    );
+}
+
+#[test]
+fn two_algorithms_in_one_domain() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: c
+    descriptors:
+      - key: e
+        rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: f
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
+";
+    assert_eq!(
+        problem("mixed.yaml", text),
+        "mixed.yaml: descriptors[1].rate_limit.algorithm: is `fixed_window`, but rule `descriptors[0].rate_limit` \
+         of the same domain uses `gcra`; every rule of a domain uses one algorithm, because a request is admitted \
+         as one atomic batch of one limiter
+mixed.yaml: descriptors[2].descriptors[0].rate_limit.algorithm: is `fixed_window`, but rule \
+`descriptors[0].rate_limit` of the same domain uses `gcra`; every rule of a domain uses one algorithm, because \
+a request is admitted as one atomic batch of one limiter"
+    );
+}
+
+#[test]
+fn two_domains_may_use_two_algorithms() {
+    let gcra = "domain: g\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra, burst: 20}\n";
+    let fixed =
+        "domain: f\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+    let table = RuleTable::from_sources([("g.yaml", gcra), ("f.yaml", fixed)]).unwrap();
+    assert_eq!(table.domain("g").unwrap().algorithm, Algorithm::Gcra);
+    assert_eq!(table.domain("f").unwrap().algorithm, Algorithm::FixedWindow);
+    assert_eq!(
+        table.describe(),
+        lines(&["f.a: 10 per second (fixed_window)", "g.a: 10 per second (gcra, burst 20)"])
+    );
+}
+
+#[test]
+fn unlimited_and_zero_rules_do_not_fix_the_algorithm_but_unlimited_ignores_it() {
+    // An unlimited rule's `algorithm` and `burst` are not checked against the domain's.
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unlimited: true, algorithm: gcra, burst: 3}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: c
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+    let table = table(text);
+    assert_eq!(table.domain("d").unwrap().algorithm, Algorithm::FixedWindow);
+    assert_eq!(
+        table.describe(),
+        lines(&["d.a: unlimited", "d.b: 0 per minute (fixed_window)", "d.c: 2 per minute (fixed_window)"])
+    );
+}
+
+#[test]
+fn metadata_is_arbitrary_yaml() {
+    // Regression: lists of scalars and non-string keys inside `metadata` were refused as
+    // "is the string ...; every item of this list is a map".
+    let text = "domain: d
+descriptors:
+  - key: a
+    metadata:
+      tags: [x, 2]
+      1: {nested: [true]}
+    detailed_metric: true
+    value_to_metric: false
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+    assert_eq!(table(text).describe(), lines(&["d.a: 1 per second (fixed_window)"]));
+}
+
+#[test]
+fn several_problems_in_one_file_are_all_reported_in_document_order() {
+    // Regression: an unknown `replaces` name was reported after every other problem of the
+    // domain, not where it is.
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      replaces: [{name: nope}]
+  - key: b
+    rate_limit: {unit: minutes, requests_per_unit: 1}
+  - key: b
+  - key: c
+    share_threshold: true
+    descriptors:
+      - key: d
+        rate_limit: {unlimited: true, unit: day, replaces: [{name: gone}, {name: ''}]}
+      - key: e
+        quota_mode: true
+        rate_limit: {requests_per_unit: 1, burst: 2}
+";
+    assert_eq!(
+        problem("many.yaml", text),
+        format!(
+            "many.yaml: descriptors[0].rate_limit.replaces[0].name: `nope` is the name of no rule in domain `d`
+many.yaml: descriptors[1].rate_limit.unit: unknown unit `minutes`; expected one of {UNITS} (any letter case)
+many.yaml: descriptors[2]: duplicates the rule `d.b` of the same list (same key and value)
+many.yaml: descriptors[3].share_threshold: applies only to a wildcard rule, whose value holds a `*`, but the rule is `c`
+many.yaml: descriptors[3].descriptors[0].rate_limit.replaces[0].name: `gone` is the name of no rule in domain `d`
+many.yaml: descriptors[3].descriptors[0].rate_limit.replaces[1].name: is empty; each entry of `replaces` names the rule it replaces
+many.yaml: descriptors[3].descriptors[0].rate_limit.unit: must not be given with `unlimited: true`
+many.yaml: descriptors[3].descriptors[1].quota_mode: `quota_mode: true` is not supported: a request here is admitted only when every matched rule admits it (remove the key, or set it to false)
+many.yaml: descriptors[3].descriptors[1].rate_limit.burst: applies only with `algorithm: gcra`
+many.yaml: descriptors[3].descriptors[1].rate_limit.unit: is missing; expected one of {UNITS}"
+        )
+    );
+}
+
+#[test]
+fn problems_under_a_rule_without_key_or_a_duplicate_are_reported() {
+    // Regression: the `rate_limit` and the children of such a rule were skipped, hiding their
+    // problems until the first was fixed.
+    let text = "domain: d
+descriptors:
+  - value: x
+    rate_limit: {unit: fortnight, requests_per_unit: 1}
+    descriptors:
+      - key: b
+        rate_limit: {unit: minutes, requests_per_unit: 1}
+  - key: a
+  - key: a
+    descriptors:
+      - key: b
+        rate_limit: {unit: hours, requests_per_unit: 1}
+";
+    assert_eq!(
+        problem("hidden.yaml", text),
+        format!(
+            "hidden.yaml: descriptors[0].key: is missing or empty; every rule has a non-empty `key`
+hidden.yaml: descriptors[0].rate_limit.unit: unknown unit `fortnight`; expected one of {UNITS} (any letter case)
+hidden.yaml: descriptors[0].descriptors[0].rate_limit.unit: unknown unit `minutes`; expected one of {UNITS} (any letter case)
+hidden.yaml: descriptors[2]: duplicates the rule `d.a` of the same list (same key and value)
+hidden.yaml: descriptors[2].descriptors[0].rate_limit.unit: unknown unit `hours`; expected one of {UNITS} (any letter case)"
+        )
+    );
+}
+
+#[test]
+fn problems_of_several_files_come_in_source_order() {
+    let a = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: foo, requests_per_unit: 1}\n";
+    let b = "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let c = "domain: c\ndescriptors:\n  - key: ''\n";
+    assert_eq!(
+        problems([("z.yaml", a), ("b.yaml", b), ("c.yaml", c), ("bad.yaml", "[")]),
+        format!(
+            "z.yaml: descriptors[0].rate_limit.unit: unknown unit `foo`; expected one of {UNITS} (any letter case)
+c.yaml: descriptors[0].key: is missing or empty; every rule has a non-empty `key`
+bad.yaml: did not find expected node content at line 2 column 1, while parsing a flow node"
+        )
+    );
+}
+
+#[test]
+fn each_problem_has_its_file_location_and_kind() {
+    let Err(errors) =
+        RuleTable::from_sources([("x.yaml", with_rate_limit("unit: foo\nrequests_per_unit: 1"))])
+    else {
+        panic!("expected a problem");
+    };
+    let [error] = errors.errors() else { panic!("expected one problem: {errors}") };
+    assert_eq!(error.file(), Path::new("x.yaml"));
+    assert_eq!(error.location(), "descriptors[0].rate_limit.unit");
+    assert!(
+        matches!(error.kind(), ConfigErrorKind::InvalidUnit { unit } if unit == "foo"),
+        "{:?}",
+        error.kind()
+    );
+    assert!(std::error::Error::source(error).is_none());
+}
+
+// --- Loading from disk ---
+
+fn write(dir: &Path, name: &str, text: &str) {
+    fs::write(dir.join(name), text).unwrap();
+}
+
+fn rules_of(domain: &str, limit: u32) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {limit}}}\n"
+    )
+}
+
+#[test]
+fn a_directory_without_rule_files() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "notes.txt", "domain: d\n");
+    write(dir.path(), ".hidden.yaml", "domain: d\n");
+    fs::create_dir(dir.path().join("sub.yaml")).unwrap();
+    let errors = RuleTable::load(dir.path()).unwrap_err();
+    assert_eq!(errors.to_string(), format!("{}: holds no rule file (*.yaml or *.yml)", dir.path().display()));
+    assert!(matches!(errors.errors()[0].kind(), ConfigErrorKind::NoRuleFiles));
+    assert_eq!(errors.errors()[0].file(), dir.path());
+}
+
+#[test]
+fn a_missing_path_cannot_be_read_and_says_why() {
+    // Regression: the operating system's reason was left out of the report.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml");
+    let errors = RuleTable::load(&missing).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        format!("{}: cannot be read: No such file or directory (os error 2)", missing.display())
+    );
+    let [error] = errors.errors() else { panic!("one problem expected") };
+    assert_eq!(error.to_string(), format!("{}: cannot be read", missing.display()));
+    assert!(
+        matches!(error.kind(), ConfigErrorKind::Read { source } if source.kind() == std::io::ErrorKind::NotFound)
+    );
+    assert!(std::error::Error::source(error).is_some());
+}
+
+#[test]
+fn a_rule_file_that_is_not_utf8_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &rules_of("a", 1));
+    fs::write(dir.path().join("b.yaml"), b"domain: \xff\n").unwrap();
+    fs::write(dir.path().join("c.yml"), b"\xfe").unwrap();
+    assert_eq!(
+        RuleTable::load(dir.path()).unwrap_err().to_string(),
+        format!(
+            "{0}/b.yaml: cannot be read: stream did not contain valid UTF-8
+{0}/c.yml: cannot be read: stream did not contain valid UTF-8",
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
+fn a_file_path_is_read_whatever_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "rules.conf", &rules_of("d", 3));
+    let table = RuleTable::load(&dir.path().join("rules.conf")).unwrap();
+    assert_eq!(table.files(), [dir.path().join("rules.conf")]);
+    assert_eq!(table.describe(), lines(&["d.k: 3 per second (fixed_window)"]));
+}
+
+#[test]
+fn a_directory_is_read_in_name_order_without_dotfiles_other_files_or_subdirectories() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    write(path, "b.yml", &rules_of("b", 2));
+    write(path, "a.yaml", &rules_of("a", 1));
+    write(path, "C.yaml", &rules_of("c", 3));
+    write(path, "a.yaml.bak", "not: [yaml");
+    write(path, "README.md", "# rules");
+    write(path, "x.YAML", "not: [yaml");
+    write(path, ".a.yaml", "not: [yaml");
+    fs::create_dir(path.join("nested.yaml")).unwrap();
+    write(&path.join("nested.yaml"), "inner.yaml", "not: [yaml");
+    let table = RuleTable::load(path).unwrap();
+    assert_eq!(table.files(), [path.join("C.yaml"), path.join("a.yaml"), path.join("b.yml")]);
+    assert_eq!(table.domain_count(), 3);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "a.k: 1 per second (fixed_window)",
+            "b.k: 2 per second (fixed_window)",
+            "c.k: 3 per second (fixed_window)"
+        ])
+    );
+}
+
+#[test]
+fn a_duplicate_domain_in_a_directory_names_the_earlier_file_by_name_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "2.yaml", &rules_of("d", 2));
+    write(dir.path(), "1.yaml", &rules_of("d", 1));
+    assert_eq!(
+        RuleTable::load(dir.path()).unwrap_err().to_string(),
+        format!(
+            "{0}/2.yaml: domain: `d` is already defined in {0}/1.yaml; each domain's rules live in one file",
+            dir.path().display()
+        )
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn symbolic_links_are_followed_as_in_a_configmap_mount() {
+    use std::os::unix::fs::symlink;
+
+    // A Kubernetes ConfigMap volume: the files live in a timestamped directory reached through
+    // `..data`, and each visible name is a link to `..data/NAME`.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let data = path.join("..2026_12_04_07_34_34.123456789");
+    fs::create_dir(&data).unwrap();
+    write(&data, "edge.yaml", &rules_of("edge", 5));
+    write(&data, "api.yaml", &rules_of("api", 6));
+    symlink(&data, path.join("..data")).unwrap();
+    symlink(Path::new("..data/edge.yaml"), path.join("edge.yaml")).unwrap();
+    symlink(Path::new("..data/api.yaml"), path.join("api.yaml")).unwrap();
+    // A link to a directory and a dangling link are skipped.
+    symlink(&data, path.join("dir.yaml")).unwrap();
+    symlink(Path::new("..data/gone.yaml"), path.join("gone.yaml")).unwrap();
+    let table = RuleTable::load(path).unwrap();
+    assert_eq!(table.files(), [path.join("api.yaml"), path.join("edge.yaml")]);
+    assert_eq!(
+        table.describe(),
+        lines(&["api.k: 6 per second (fixed_window)", "edge.k: 5 per second (fixed_window)"])
+    );
+    // A link given as the path is followed too.
+    let table = RuleTable::load(&path.join("edge.yaml")).unwrap();
+    assert_eq!(table.describe(), lines(&["edge.k: 5 per second (fixed_window)"]));
+}
+
+// --- Valid rules: envoyproxy/ratelimit's README examples ---
+
+#[test]
+fn readme_example_1_two_values_of_one_key() {
+    let text = "domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+";
+    let table = table(text);
+    assert_eq!((table.domain_count(), table.rule_count()), (1, 2));
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "mongo_cps.database_default: 500 per second (fixed_window)",
+            "mongo_cps.database_users: 500 per second (fixed_window)",
+        ])
+    );
+}
+
+#[test]
+fn readme_example_2_nested_and_top_level_key_only_rules() {
+    let text = "domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+    let table = table(text);
+    assert_eq!(table.rule_count(), 2);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "messaging.message_type_marketing.to_number: 5 per day (fixed_window)",
+            "messaging.to_number: 100 per day (fixed_window)",
+        ])
+    );
+}
+
+#[test]
+fn readme_example_3_a_black_listed_value() {
+    let text = "domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+";
+    let table = table(text);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "edge_proxy_per_ip.remote_address: 10 per second (fixed_window)",
+            "edge_proxy_per_ip.remote_address_50.0.0.5: 0 per second (fixed_window)",
+        ])
+    );
+    // A limit of 0 has no policy: every request is denied without touching storage.
+    let black = rule(&table, "edge_proxy_per_ip", "edge_proxy_per_ip.remote_address_50.0.0.5");
+    assert!(matches!(black.quota, Quota::Limited { requests_per_unit: 0, unit: Unit::Second, policy: None }));
+    let per_ip = rule(&table, "edge_proxy_per_ip", "edge_proxy_per_ip.remote_address");
+    assert!(matches!(
+        per_ip.quota,
+        Quota::Limited { requests_per_unit: 10, unit: Unit::Second, policy: Some(_) }
+    ));
+}
+
+#[test]
+fn readme_example_4_both_files() {
+    let flat = "domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+";
+    let nested = "domain: example4
+descriptors:
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit:
+          requests_per_unit: 300
+          unit: second
+";
+    assert_eq!(table(flat).describe(), lines(&["example4.key_value: 300 per second (fixed_window)"]));
+    assert_eq!(
+        table(nested).describe(),
+        lines(&["example4.key_value.subkey: 300 per second (fixed_window)"])
+    );
+}
+
+#[test]
+fn readme_example_5_unlimited() {
+    let text = "domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+";
+    let table = table(text);
+    assert_eq!(table.rule_count(), 2);
+    assert_eq!(
+        table.describe(),
+        lines(&["internal.azure: 100 per minute (fixed_window)", "internal.ldap: unlimited"])
+    );
+    assert!(matches!(rule(&table, "internal", "internal.ldap").quota, Quota::Unlimited));
+}
+
+#[test]
+fn readme_example_6_shadow_mode() {
+    let text = "domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+";
+    let table = table(text);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "example6.service.user_user-a: 10 per second (fixed_window) [shadow]",
+            "example6.service.user_user-b: 20 per second (fixed_window)",
+        ])
+    );
+    let shadow = rule(&table, "example6", "example6.service.user_user-a");
+    assert!(shadow.shadow);
+    let Quota::Limited { policy: Some(RulePolicy::FixedWindow(policy)), .. } = &shadow.quota else {
+        panic!("a fixed-window policy expected: {:?}", shadow.quota)
+    };
+    assert_eq!(runlimit_core::RateLimitPolicy::quota_mode(policy), QuotaMode::Shadow);
+    assert!(!rule(&table, "example6", "example6.service.user_user-b").shadow);
+}
+
+#[test]
+fn readme_example_7_replaces() {
+    let text = "domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+";
+    let table = table(text);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "example7.key_1_value_1.user_bkthomps: 5 per second (fixed_window)",
+            "example7.key_2_value_2.user_bkthomps: 10 per second (fixed_window)",
+        ])
+    );
+    let named = rule(&table, "example7", "example7.key_1_value_1.user_bkthomps");
+    assert_eq!(named.name.as_deref(), Some("specific_limit"));
+    assert_eq!(named.header_name.as_str(), "specific_limit");
+    let replacing = rule(&table, "example7", "example7.key_2_value_2.user_bkthomps");
+    assert_eq!(replacing.replaces.iter().map(|name| &**name).collect::<Vec<_>>(), ["specific_limit"]);
+    assert_eq!(replacing.header_name.as_str(), "example7.key_2_value_2.user_bkthomps");
+}
+
+#[test]
+fn readme_example_8_detailed_metric() {
+    let text = "domain: example8
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&[
+            "example8.key1: 10 per minute (fixed_window)",
+            "example8.key1_value1: 20 per minute (fixed_window)"
+        ])
+    );
+}
+
+#[test]
+fn readme_example_9_wildcards() {
+    let trailing = "domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+    let middle = "domain: example9
+descriptors:
+  - key: path
+    value: /api/*/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+    let multiple = "domain: example9
+descriptors:
+  - key: route
+    value: /api/*/resource/*/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+    assert_eq!(table(trailing).describe(), lines(&["example9.key1_value*: 20 per minute (fixed_window)"]));
+    assert_eq!(
+        table(middle).describe(),
+        lines(&["example9.path_/api/*/action: 20 per minute (fixed_window)"])
+    );
+    assert_eq!(
+        table(multiple).describe(),
+        lines(&["example9.route_/api/*/resource/*/action: 20 per minute (fixed_window)"])
+    );
+    let table = table(multiple);
+    let domain = table.domain("example9").unwrap();
+    assert!(domain.root.keys.is_empty());
+    assert_eq!(domain.root.wildcards.len(), 1);
+    assert_eq!(domain.root.wildcards[0].1.share, None);
+}
+
+#[test]
+fn readme_example_10_value_to_metric() {
+    let text = "domain: example10
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit:
+              unit: minute
+              requests_per_unit: 60
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&["example10.route.http_method.subject_id: 60 per minute (fixed_window)"])
+    );
+}
+
+#[test]
+fn readme_example_11_share_threshold() {
+    let text = "domain: example11
+descriptors:
+  # With share_threshold: true, all files/* matches share the same threshold
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+
+  # Without share_threshold, each files_no_share/* match has its own isolated threshold
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+    let table = table(text);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "example11.files_files/*: 10 per hour (fixed_window)",
+            "example11.files_no_share_files_no_share/*: 10 per hour (fixed_window)",
+        ])
+    );
+    let wildcards = &table.domain("example11").unwrap().root.wildcards;
+    let shares: Vec<_> = wildcards.iter().map(|(_, node)| node.share.as_deref()).collect();
+    assert_eq!(shares, [Some("files_files/*"), None]);
+}
+
+#[test]
+fn readme_rules_in_one_table() {
+    let sources = [
+        (
+            "messaging.yaml",
+            "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: day, requests_per_unit: 100}\n",
+        ),
+        (
+            "internal.yaml",
+            "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit: {unlimited: true}\n",
+        ),
+    ];
+    let table = RuleTable::from_sources(sources).unwrap();
+    assert_eq!((table.domain_count(), table.rule_count()), (2, 2));
+    assert_eq!(table.files(), [Path::new("messaging.yaml"), Path::new("internal.yaml")]);
+    assert_eq!(
+        format!("{table:?}"),
+        "RuleTable { domains: 2, rules: 2, files: [\"messaging.yaml\", \"internal.yaml\"] }"
+    );
+}
+
+// --- Units, algorithms, describe ---
+
+#[test]
+fn units_in_any_letter_case_with_their_lengths() {
+    let text = "domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: b, rate_limit: {unit: Minute, requests_per_unit: 1}}
+  - {key: c, rate_limit: {unit: HOUR, requests_per_unit: 1}}
+  - {key: d, rate_limit: {unit: dAy, requests_per_unit: 1}}
+  - {key: e, rate_limit: {unit: week, requests_per_unit: 1}}
+  - {key: f, rate_limit: {unit: MONTH, requests_per_unit: 1}}
+  - {key: g, rate_limit: {unit: Year, requests_per_unit: 1}}
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&[
+            "d.a: 1 per second (fixed_window)",
+            "d.b: 1 per minute (fixed_window)",
+            "d.c: 1 per hour (fixed_window)",
+            "d.d: 1 per day (fixed_window)",
+            "d.e: 1 per week (fixed_window)",
+            "d.f: 1 per month (fixed_window)",
+            "d.g: 1 per year (fixed_window)",
+        ])
+    );
+    let seconds: Vec<u64> = Unit::ALL.iter().map(|unit| unit.seconds()).collect();
+    assert_eq!(seconds, [1, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000]);
+    assert_eq!(Unit::from_name("WeEk"), Some(Unit::Week));
+    assert_eq!(Unit::from_name("weeks"), None);
+    assert_eq!(Unit::Month.duration(), Duration::from_secs(2_592_000));
+}
+
+#[test]
+fn gcra_rules_describe_their_burst() {
+    let text = "domain: api
+descriptors:
+  - key: api_key
+    rate_limit:
+      algorithm: gcra
+      unit: second
+      requests_per_unit: 10
+      burst: 20
+  - key: user
+    rate_limit: {algorithm: gcra, unit: minute, requests_per_unit: 60}
+  - key: blocked
+    rate_limit: {algorithm: gcra, unit: minute, requests_per_unit: 0}
+";
+    let table = table(text);
+    assert_eq!(table.domain("api").unwrap().algorithm, Algorithm::Gcra);
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "api.api_key: 10 per second (gcra, burst 20)",
+            "api.blocked: 0 per minute (gcra)",
+            "api.user: 60 per minute (gcra, burst 60)",
+        ])
+    );
+}
+
+#[test]
+fn describe_sorts_every_domain_by_path() {
+    let a = "domain: b\ndescriptors:\n  - key: z\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
+    let b = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n    shadow_mode: true\n";
+    let table = RuleTable::from_sources([("1.yaml", a), ("2.yaml", b)]).unwrap();
+    assert_eq!(
+        table.describe(),
+        lines(&[
+            "a.k: 3 per second (fixed_window) [shadow]",
+            "b.a: 2 per second (fixed_window)",
+            "b.z: 1 per second (fixed_window)",
+        ])
+    );
+}
+
+#[test]
+fn global_shadow_mode_marks_every_limited_rule() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unlimited: true}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 0}
+";
+    assert_eq!(
+        table(text).into_shadow().describe(),
+        lines(&[
+            "d.a: 1 per second (fixed_window) [shadow]",
+            "d.b: unlimited",
+            "d.c: 0 per second (fixed_window) [shadow]",
+        ])
+    );
+}
+
+#[test]
+fn only_rules_with_a_rate_limit_are_rules() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    value: placeholder
+    descriptors:
+      - key: b
+        value: whitelisted
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: e
+    rate_limit:
+";
+    let table = table(text);
+    assert_eq!(table.rule_count(), 1);
+    assert_eq!(table.describe(), lines(&["d.a_placeholder.c: 1 per second (fixed_window)"]));
+    let domain = table.domain("d").unwrap();
+    let placeholder = &domain.root.keys["a"].values["placeholder"];
+    assert_eq!(placeholder.rule, None);
+    assert_eq!(placeholder.children.keys["b"].values["whitelisted"].rule, None);
+    assert_eq!(domain.root.keys["e"].default.as_ref().map(|node| node.rule), Some(None));
+}
+
+// --- Names and policy identity ---
+
+#[test]
+fn header_names_are_the_name_else_the_path_else_the_policy_identifier() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, name: my limit}
+  - key: b
+    value: caf\u{e9}
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 1, name: \"\"}
+";
+    let table = table(text);
+    assert_eq!(rule(&table, "d", "d.a").header_name.as_str(), "my limit");
+    assert_eq!(rule(&table, "d", "d.c").header_name.as_str(), "d.c");
+    assert_eq!(rule(&table, "d", "d.c").name, None);
+    let accented = rule(&table, "d", "d.b_caf\u{e9}");
+    let Quota::Limited { policy: Some(RulePolicy::FixedWindow(policy)), .. } = &accented.quota else {
+        panic!("a fixed-window policy expected")
+    };
+    let id = runlimit_core::RateLimitPolicy::id(policy).as_str().to_owned();
+    assert_eq!(accented.header_name.as_str(), id);
+    assert_eq!((id.len(), &id[..4]), (28, "rls."));
+}
+
+#[test]
+fn policy_identifiers_depend_on_domain_and_path_only() {
+    let id = |text: &str, path: &str| {
+        let table = table(text);
+        let rule = rule(&table, text.lines().next().unwrap().trim_start_matches("domain: "), path);
+        match &rule.quota {
+            Quota::Limited { policy: Some(RulePolicy::FixedWindow(policy)), .. } => {
+                runlimit_core::RateLimitPolicy::id(policy).as_str().to_owned()
+            }
+            Quota::Limited { policy: Some(RulePolicy::Gcra(policy)), .. } => {
+                runlimit_core::RateLimitPolicy::id(policy).as_str().to_owned()
+            }
+            quota => panic!("no policy: {quota:?}"),
+        }
+    };
+    let base = id(
+        "domain: d\ndescriptors:\n  - {key: a, value: b, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+        "d.a_b",
+    );
+    let other_limit = id(
+        "domain: d\ndescriptors:\n  - {key: x}\n  - {key: a, value: b, rate_limit: {unit: hour, requests_per_unit: 9, name: n, algorithm: gcra}}\n",
+        "d.a_b",
+    );
+    let key_only = id(
+        "domain: d\ndescriptors:\n  - {key: a_b, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+        "d.a_b",
+    );
+    let other_domain = id(
+        "domain: e\ndescriptors:\n  - {key: a, value: b, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+        "e.a_b",
+    );
+    assert_eq!(base, other_limit);
+    assert_ne!(base, key_only);
+    assert_ne!(base, other_domain);
+    assert_eq!(base, policy_id("rule", "d", [("a", Some("b"))]).as_str());
+}
+
+// --- restarted_counters ---
+
+#[test]
+fn restarted_counters_lists_changed_limits_units_algorithms_and_bursts() {
+    let old = RuleTable::from_sources([
+        (
+            "f.yaml",
+            "domain: f
+descriptors:
+  - key: same
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: limit
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: unit
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: renamed
+    rate_limit: {unit: minute, requests_per_unit: 10, name: old}
+  - key: gone
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadow
+    rate_limit: {unit: minute, requests_per_unit: 10}
+",
+        ),
+        ("g.yaml", "domain: g\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n"),
+        (
+            "h.yaml",
+            "domain: h\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra}\n",
+        ),
+    ])
+    .unwrap();
+    let new = RuleTable::from_sources([
+        (
+            "f.yaml",
+            "domain: f
+descriptors:
+  - key: new
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: renamed
+    rate_limit: {unit: minute, requests_per_unit: 10, name: new}
+  - key: unit
+    rate_limit: {unit: MINUTE, requests_per_unit: 10}
+  - key: limit
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: same
+    rate_limit: {unit: hour, requests_per_unit: 10}
+",
+        ),
+        ("g.yaml", "domain: g\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra}\n"),
+        (
+            "h.yaml",
+            "domain: h\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, burst: 6}\n",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        new.restarted_counters(&old),
+        lines(&[
+            "f.limit: 10 per minute (fixed_window) -> 20 per minute (fixed_window)",
+            "f.same: 10 per minute (fixed_window) -> 10 per hour (fixed_window)",
+            "g.a: 5 per second (fixed_window) -> 5 per second (gcra, burst 5)",
+            "h.a: 5 per second (gcra, burst 5) -> 5 per second (gcra, burst 6)",
+        ])
+    );
+    assert_eq!(old.restarted_counters(&old), Vec::<String>::new());
+}
+
+#[test]
+fn restarted_counters_ignores_new_domains_and_lists_unlimited_changes() {
+    let old =
+        table("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n");
+    let new = RuleTable::from_sources([
+        ("d.yaml", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true}\n"),
+        (
+            "e.yaml",
+            "domain: e\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(new.restarted_counters(&old), lines(&["d.a: 5 per second (fixed_window) -> unlimited"]));
+    assert_eq!(old.restarted_counters(&new), lines(&["d.a: unlimited -> 5 per second (fixed_window)"]));
+}

@@ -9,7 +9,9 @@
 //! 3. the enforced rules' checks go to the limiter as **one atomic batch**: either every one
 //!    is charged its hits, or none is;
 //! 4. then the shadow-mode rules' checks, as a second batch (Runlimit refuses batches that mix
-//!    enforced and shadow policies): they are reported and counted, never enforced.
+//!    enforced and shadow policies): they are reported and counted, never enforced. When step
+//!    1 or 2 already found a shadow-mode rule over its limit, that batch would be denied, so,
+//!    as for a batch the limiter shadow-denies, none of it is charged.
 //!
 //! Two descriptors of one request that reach the same counter (same rule and subject) become
 //! one check costing the sum of their hits.
@@ -134,14 +136,7 @@ classified!(
 );
 
 fn failure(error: &impl Failure) -> BackendFailure {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    BackendFailure { consumption: error.consumption(), message }
+    BackendFailure { consumption: error.consumption(), message: crate::error_chain(error) }
 }
 
 /// One counter of the request: its subject bound to the rule's policy, the summed hits and the
@@ -171,6 +166,9 @@ where
 {
     let mut verdicts = vec![Verdict::Unevaluated; charges.len()];
     let mut denied = false;
+    // A shadow-mode rule found over its limit before the shadow batch runs: that batch would
+    // be denied, so it is not run (a would-be-denied batch consumes nothing).
+    let mut shadow_denied = false;
     let mut peeks: Vec<(usize, PolicySubject<'_, P>)> = Vec::new();
     let mut enforced: Vec<Counter<'_, P>> = Vec::new();
     let mut shadow: Vec<Counter<'_, P>> = Vec::new();
@@ -181,6 +179,7 @@ where
             // `requests_per_unit: 0`.
             let enforced = !charge.rule.shadow;
             denied |= enforced;
+            shadow_denied |= !enforced;
             verdicts[index] = Verdict::Exhausted { enforced, reason: Exhaustion::Never };
             continue;
         };
@@ -217,6 +216,7 @@ where
         for counter in counters {
             if counter.cost > counter.subject.policy().capacity().get() {
                 denied |= enforced_mode;
+                shadow_denied |= !enforced_mode;
                 for &index in &counter.charges {
                     verdicts[index] =
                         Verdict::Exhausted { enforced: enforced_mode, reason: Exhaustion::Never };
@@ -235,6 +235,7 @@ where
         verdicts[index] = if snapshot.available() == 0 {
             let enforced = subject.policy().quota_mode() == QuotaMode::Enforce;
             denied |= enforced;
+            shadow_denied |= !enforced;
             // A quota with nothing available is not full, so the next unit's time is known.
             let retry_after = snapshot.next_unit_after().unwrap_or(snapshot.replenishes_after());
             Verdict::Exhausted { enforced, reason: Exhaustion::Quota { retry_after } }
@@ -250,7 +251,7 @@ where
     if charged && !admit(limiter, &enforced, &mut verdicts).await? {
         return Ok(verdicts);
     }
-    if !shadow.is_empty() {
+    if !shadow.is_empty() && !shadow_denied {
         match admit(limiter, &shadow, &mut verdicts).await {
             Ok(_) => {}
             // The enforced batch is committed: this request's quota was consumed.

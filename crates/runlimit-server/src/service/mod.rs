@@ -265,14 +265,19 @@ impl Service {
             BackendErrorMode::Ok => Code::Ok,
         };
         metrics::request(Some(domain), code);
+        // Failing closed, every limited descriptor reads over its limit (with its rule, and no
+        // time to wait: nothing was measured); failing open, nothing was measured either.
         let statuses = outcomes
             .iter()
-            .map(|outcome| {
-                let mut status = response::status(outcome, false);
-                if code == Code::OverLimit && matches!(outcome, Outcome::Limited { .. }) {
-                    status.code = Code::OverLimit.into();
-                }
-                status
+            .map(|outcome| match outcome {
+                Outcome::Limited { rule, .. } if code == Code::OverLimit => response::status(
+                    &Outcome::Limited {
+                        rule,
+                        verdict: Verdict::Exhausted { enforced: true, reason: Exhaustion::Never },
+                    },
+                    false,
+                ),
+                outcome => response::status(outcome, false),
             })
             .collect();
         Ok(RateLimitResponse { overall_code: code.into(), statuses, ..RateLimitResponse::default() })

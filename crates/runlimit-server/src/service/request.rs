@@ -18,8 +18,9 @@ pub const MAX_ENTRIES: usize = 32;
 pub const MAX_DOMAIN_LEN: usize = 256;
 /// The longest entry key accepted, in bytes: 256.
 pub const MAX_KEY_LEN: usize = 256;
-/// The longest entry value accepted, in bytes: 4,096 (a request path or a header value).
-pub const MAX_VALUE_LEN: usize = 4_096;
+/// The longest entry value accepted, in bytes: 65,536, above Envoy's default limit on a
+/// request's headers (60 KiB), so no header value a default Envoy forwards is refused.
+pub const MAX_VALUE_LEN: usize = 65_536;
 
 /// Checks `request` against the bounds above and the fields this service refuses.
 ///
@@ -86,7 +87,7 @@ pub(crate) fn validate(request: &RateLimitRequest) -> Result<(), Status> {
             && override_unit(limit.unit).is_none()
         {
             return invalid(format!(
-                "descriptors[{index}].limit.unit: {}; expected SECOND, MINUTE, HOUR, DAY, MONTH or YEAR",
+                "descriptors[{index}].limit.unit: {}; expected SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
                 RateLimitUnit::try_from(limit.unit)
                     .map_or_else(|_| limit.unit.to_string(), |unit| unit.as_str_name().to_owned())
             ));
@@ -104,8 +105,12 @@ pub(crate) fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor)
     }
 }
 
-/// The unit of a limit override (`envoy.type.v3.RateLimitUnit`).
+/// The unit of a limit override (`envoy.type.v3.RateLimitUnit`; 7 is `WEEK`, which newer
+/// Envoy API versions add).
 pub(crate) fn override_unit(unit: i32) -> Option<Unit> {
+    if unit == 7 {
+        return Some(Unit::Week);
+    }
     match RateLimitUnit::try_from(unit).ok()? {
         RateLimitUnit::Unknown => None,
         RateLimitUnit::Second => Some(Unit::Second),

@@ -184,3 +184,68 @@ pub fn overall(response: &RateLimitResponse) -> Code {
 pub fn millis(duration: &PbDuration) -> u64 {
     u64::try_from(duration.seconds).unwrap() * 1_000 + u64::try_from(duration.nanos).unwrap() / 1_000_000
 }
+
+// Helpers added for the end-to-end suites (readme_examples, requests, shadow, headers, gcra).
+
+/// A request of `domain` carrying `descriptors` as built (with hits, overrides and so on).
+pub fn request_of(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.into(), descriptors, hits_addend: 0 }
+}
+
+/// The same request with its request-level `hits_addend`.
+pub fn with_request_hits(mut request: RateLimitRequest, hits: u32) -> RateLimitRequest {
+    request.hits_addend = hits;
+    request
+}
+
+/// Calls `ShouldRateLimit` expecting a gRPC error: its code and message.
+pub async fn call_error(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> (tonic::Code, String) {
+    match client.should_rate_limit(request).await {
+        Ok(response) => panic!("expected a gRPC error, got {:?}", response.into_inner()),
+        Err(status) => (status.code(), status.message().to_owned()),
+    }
+}
+
+/// The response's `response_headers_to_add` as `(name, value)` pairs, in order.
+pub fn headers(response: &RateLimitResponse) -> Vec<(String, String)> {
+    response.response_headers_to_add.iter().map(|header| (header.key.clone(), header.value.clone())).collect()
+}
+
+/// `(name, value)` pairs from string slices, to compare with [`headers`].
+pub fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+}
+
+/// Each status's `current_limit.name` (`None` without a current limit).
+pub fn limit_names(response: &RateLimitResponse) -> Vec<Option<String>> {
+    response
+        .statuses
+        .iter()
+        .map(|status| status.current_limit.as_ref().map(|limit| limit.name.clone()))
+        .collect()
+}
+
+/// A server for `yaml` on a fresh manual-clock memory backend, its clock and a client.
+pub async fn serve_memory(
+    yaml: &str,
+    options: ServiceOptions,
+) -> (TestServer, ManualClock, RateLimitServiceClient<Channel>) {
+    let (backend, clock) = memory();
+    let server = TestServer::start(yaml, &backend, options).await;
+    let client = server.client().await;
+    (server, clock, client)
+}
+
+/// The generated RLS client on a tonic channel.
+pub type Client = RateLimitServiceClient<Channel>;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as RlsUnit;
+
+/// The `current_limit.unit` numbers of the response (`RateLimitResponse.RateLimit.Unit`).
+pub const SECOND: i32 = RlsUnit::Second as i32;
+pub const MINUTE: i32 = RlsUnit::Minute as i32;
+pub const HOUR: i32 = RlsUnit::Hour as i32;
+pub const DAY: i32 = RlsUnit::Day as i32;
