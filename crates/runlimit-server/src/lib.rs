@@ -119,12 +119,13 @@ pub fn check_config(path: &Path, previous: Option<&Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let count = |n: usize, noun: &str| if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") };
     println!(
-        "{}: valid ({} domains, {} rules, {} files)",
+        "{}: valid ({}, {}, {})",
         path.display(),
-        table.domain_count(),
-        table.rule_count(),
-        table.files().len()
+        count(table.domain_count(), "domain"),
+        count(table.rule_count(), "rule"),
+        count(table.files().len(), "file")
     );
     if let Some(previous) = previous {
         match RuleTable::load(previous) {
@@ -140,7 +141,9 @@ pub fn check_config(path: &Path, previous: Option<&Path>) -> ExitCode {
                 }
             }
             Err(errors) => {
-                eprintln!("--previous {}: {errors}", previous.display());
+                for line in errors.to_string().lines() {
+                    eprintln!("--previous {}: {line}", previous.display());
+                }
                 return ExitCode::FAILURE;
             }
         }

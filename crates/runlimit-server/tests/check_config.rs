@@ -84,7 +84,7 @@ fn a_valid_file_prints_the_summary_and_exits_0() {
     let file = write(dir.path(), "messaging.yaml", MESSAGING);
     assert_eq!(
         check_config(&[&file]),
-        ok(&format!("{}: valid (1 domains, 2 rules, 1 files)\n", file.display()))
+        ok(&format!("{}: valid (1 domain, 2 rules, 1 file)\n", file.display()))
     );
 }
 
@@ -238,7 +238,7 @@ fn previous_without_a_restart_says_so() {
     let new = write(dir.path(), "new.yaml", &OLD.replace("name: before", "name: after"));
     assert_eq!(
         check_config(&[&new, Path::new("--previous"), &old]),
-        ok(&format!("{}: valid (1 domains, 5 rules, 1 files)\nno rule's counters restart\n", new.display()))
+        ok(&format!("{}: valid (1 domain, 5 rules, 1 file)\nno rule's counters restart\n", new.display()))
     );
 }
 
@@ -254,7 +254,7 @@ fn previous_invalid_is_reported_after_the_summary_and_exits_1() {
     assert_eq!(
         check_config(&[&new, Path::new("--previous"), &old]),
         failed(
-            &format!("{}: valid (1 domains, 5 rules, 1 files)\n", new.display()),
+            &format!("{}: valid (1 domain, 5 rules, 1 file)\n", new.display()),
             &format!(
                 "--previous {0}: {0}: descriptors[0].rate_limit.requests_per_unit: is missing; write the number of \
                  requests allowed per unit (0 denies every request)\n",
