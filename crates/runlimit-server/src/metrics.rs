@@ -5,13 +5,15 @@
 //! (requests for an unknown domain are counted under `domain=""`), `rule` a rule's path
 //! (`domain.key_value.key`, as written in the files). No descriptor value is ever a label.
 
-use metrics::counter;
+use std::collections::HashMap;
+
+use metrics::{Counter, counter};
 use runlimit_core::ConsumptionStatus;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 use crate::{
-    config::{Domain, Rule},
+    config::{Domain, Rule, RuleTable},
     service::Exhaustion,
 };
 
@@ -40,10 +42,31 @@ pub(crate) fn describe() {
     );
 }
 
-pub(crate) fn request(domain: Option<&Domain>, code: Code) {
-    let code = if code == Code::OverLimit { "over_limit" } else { "ok" };
-    let domain = domain.map_or_else(String::new, |domain| domain.name.to_string());
-    counter!(REQUESTS, "domain" => domain, "code" => code).increment(1);
+/// The request counters of every domain of a table, registered once with the recorder
+/// installed when they are built (the process's hot path then only increments a handle;
+/// looking a counter up by its labels on every request cost a fifth of the service's own
+/// time). Without a recorder the handles do nothing.
+pub(crate) struct RequestCounters {
+    domains: HashMap<Box<str>, [Counter; 2]>,
+    unknown: [Counter; 2],
+}
+
+impl RequestCounters {
+    pub(crate) fn new(table: &RuleTable) -> Self {
+        let counters = |domain: &str| {
+            ["ok", "over_limit"].map(|code| counter!(REQUESTS, "domain" => domain.to_owned(), "code" => code))
+        };
+        Self {
+            domains: table.domains().map(|domain| (domain.name.clone(), counters(&domain.name))).collect(),
+            unknown: counters(""),
+        }
+    }
+
+    /// Counts one answered request of `domain` (`None`: a domain the table does not have).
+    pub(crate) fn count(&self, domain: Option<&Domain>, code: Code) {
+        let counters = domain.and_then(|domain| self.domains.get(&domain.name)).unwrap_or(&self.unknown);
+        counters[usize::from(code == Code::OverLimit)].increment(1);
+    }
 }
 
 pub(crate) fn shadow_denial(domain: &Domain, rule: &Rule, reason: Exhaustion) {

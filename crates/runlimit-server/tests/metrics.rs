@@ -65,6 +65,8 @@ async fn requests_and_shadow_denials_are_counted_by_domain_rule_and_code() {
         samples(&text, "runlimit_server_requests_total"),
         [
             r#"runlimit_server_requests_total{domain="",code="ok"} 1"#,
+            // Every domain's series exist from the start, at 0 until counted.
+            r#"runlimit_server_requests_total{domain="",code="over_limit"} 0"#,
             r#"runlimit_server_requests_total{domain="d",code="ok"} 4"#,
             r#"runlimit_server_requests_total{domain="d",code="over_limit"} 1"#,
         ]

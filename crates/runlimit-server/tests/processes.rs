@@ -350,7 +350,9 @@ async fn the_http_listener_answers_healthcheck_and_metrics() {
         metric_lines(&body, "runlimit_server_requests_total"),
         [
             "runlimit_server_requests_total{domain=\"\",code=\"ok\"} 1",
+            "runlimit_server_requests_total{domain=\"\",code=\"over_limit\"} 0",
             "runlimit_server_requests_total{domain=\"shared\",code=\"ok\"} 2",
+            "runlimit_server_requests_total{domain=\"shared\",code=\"over_limit\"} 0",
         ]
     );
     let (status, _) = http_get(process.http, "/nothing");
@@ -433,7 +435,12 @@ async fn a_process_uses_a_restarted_redis_again() {
     assert_eq!(metric_lines(&body, "runlimit_server_backend_failures_total"), failures);
     assert_eq!(
         metric_lines(&body, "runlimit_server_requests_total"),
-        ["runlimit_server_requests_total{domain=\"shared\",code=\"ok\"} 1",]
+        [
+            "runlimit_server_requests_total{domain=\"\",code=\"ok\"} 0",
+            "runlimit_server_requests_total{domain=\"\",code=\"over_limit\"} 0",
+            "runlimit_server_requests_total{domain=\"shared\",code=\"ok\"} 1",
+            "runlimit_server_requests_total{domain=\"shared\",code=\"over_limit\"} 0",
+        ]
     );
 
     // Nothing was persisted: the counter starts afresh.

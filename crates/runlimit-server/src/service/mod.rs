@@ -67,6 +67,7 @@ pub struct Service {
 struct State {
     table: RuleTable,
     limiters: Limiters,
+    requests: metrics::RequestCounters,
     hasher: KeyHasher,
     options: ServiceOptions,
 }
@@ -85,11 +86,16 @@ impl Service {
     /// derived by `hasher` (every replica sharing a backend needs the same secret).
     ///
     /// With [`ServiceOptions::shadow_mode`], every rule of `table` is put in shadow mode.
+    ///
+    /// The service's metrics (see the crate README) go to the `metrics` recorder installed
+    /// when it is built: install one first (the binary installs a Prometheus recorder,
+    /// [`install_metrics`](crate::install_metrics)).
     #[must_use]
     pub fn new(table: RuleTable, backend: &Backend, hasher: KeyHasher, options: ServiceOptions) -> Self {
         let table = if options.shadow_mode { table.into_shadow() } else { table };
         let limiters = backend.limiters(&table);
-        Self { state: Arc::new(State { table, limiters, hasher, options }) }
+        let requests = metrics::RequestCounters::new(&table);
+        Self { state: Arc::new(State { table, limiters, requests, hasher, options }) }
     }
 
     /// The rule table.
@@ -115,7 +121,7 @@ impl Service {
         request::validate(request)?;
         let state = &*self.state;
         let Some(domain) = state.table.domain(&request.domain) else {
-            metrics::request(None, Code::Ok);
+            state.requests.count(None, Code::Ok);
             return Ok(RateLimitResponse {
                 overall_code: Code::Ok.into(),
                 statuses: vec![response::status(&Outcome::NoLimit, false); request.descriptors.len()],
@@ -229,7 +235,7 @@ impl Service {
             }
         }
         let code = if over_limit { Code::OverLimit } else { Code::Ok };
-        metrics::request(Some(domain), code);
+        self.state.requests.count(Some(domain), code);
         RateLimitResponse {
             overall_code: code.into(),
             statuses: outcomes.iter().map(|outcome| response::status(outcome, options.shadow_mode)).collect(),
@@ -264,7 +270,7 @@ impl Service {
             BackendErrorMode::OverLimit => Code::OverLimit,
             BackendErrorMode::Ok => Code::Ok,
         };
-        metrics::request(Some(domain), code);
+        self.state.requests.count(Some(domain), code);
         // Failing closed, every limited descriptor reads over its limit (with its rule, and no
         // time to wait: nothing was measured); failing open, nothing was measured either.
         let statuses = outcomes
