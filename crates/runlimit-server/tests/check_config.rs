@@ -47,36 +47,10 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 /// envoyproxy/ratelimit's README example 2.
-const MESSAGING: &str = "domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-";
+const MESSAGING: &str = include_str!("envoy-ratelimit/readme/example2.yaml");
 
 /// envoyproxy/ratelimit's README example 5.
-const INTERNAL: &str = "domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-";
+const INTERNAL: &str = include_str!("envoy-ratelimit/readme/example5.yaml");
 
 #[test]
 fn a_valid_file_prints_the_summary_and_exits_0() {

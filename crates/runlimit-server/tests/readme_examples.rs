@@ -1,6 +1,6 @@
 //! Every example of envoyproxy/ratelimit's README "Configuration" section (examples 1 to 9),
-//! its YAML exactly as the README gives it, with the requests the README describes and the
-//! exact answers: codes, limits, remaining counts and reset durations.
+//! its YAML exactly as the README gives it (`envoy-ratelimit/readme/`), with the requests the
+//! README describes and the exact answers: codes, limits, remaining counts and reset durations.
 //!
 //! Windows are Runlimit's anchored windows (a key's window starts at its first admission), so
 //! on the manual clock a fresh window reports the whole unit until reset, where
@@ -20,21 +20,7 @@ use support::{
 const NO_LIMIT: support::StatusView = (Code::Ok, None, 0, None);
 
 // Example 1: two top-level rules of one key with different values, 500 per second each.
-const EXAMPLE_1: &str = "
-domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-";
+const EXAMPLE_1: &str = include_str!("envoy-ratelimit/readme/example1.yaml");
 
 #[tokio::test]
 async fn example_1_each_value_has_its_own_500_per_second() {
@@ -75,24 +61,7 @@ async fn example_1_each_value_has_its_own_500_per_second() {
 }
 
 // Example 2: a placeholder with a nested key-only rule, and a top-level key-only rule.
-const EXAMPLE_2: &str = "
-domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-";
+const EXAMPLE_2: &str = include_str!("envoy-ratelimit/readme/example2.yaml");
 
 const DAY_MS: u64 = 86_400_000;
 
@@ -150,21 +119,7 @@ async fn example_2_marketing_messages_five_a_day_per_number_and_one_hundred_mess
 }
 
 // Example 3: a per-IP limit and a blacklisted IP (`requests_per_unit: 0`).
-const EXAMPLE_3: &str = "
-domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-";
+const EXAMPLE_3: &str = include_str!("envoy-ratelimit/readme/example3.yaml");
 
 #[tokio::test]
 async fn example_3_ten_per_second_per_ip_and_a_blacklisted_ip() {
@@ -205,27 +160,9 @@ async fn example_3_ten_per_second_per_ip_and_a_blacklisted_ip() {
 }
 
 // Example 4: a request deeper than the rule matches nothing; the nested rule matches.
-const EXAMPLE_4_NO_MATCH: &str = "
-domain: example4
-descriptors:
-  - key: key
-    value: value
-    rate_limit:
-      requests_per_unit: 300
-      unit: second
-";
+const EXAMPLE_4_NO_MATCH: &str = include_str!("envoy-ratelimit/readme/example4.yaml");
 
-const EXAMPLE_4_MATCH: &str = "
-domain: example4
-descriptors:
-  - key: key
-    value: value
-    descriptors:
-      - key: subkey
-        rate_limit:
-          requests_per_unit: 300
-          unit: second
-";
+const EXAMPLE_4_MATCH: &str = include_str!("envoy-ratelimit/readme/example4-nested.yaml");
 
 #[tokio::test]
 async fn example_4_a_request_deeper_than_the_rule_matches_nothing() {
@@ -255,18 +192,7 @@ async fn example_4_the_nested_rule_matches_the_two_entry_request() {
 }
 
 // Example 5: an unlimited key beside a limited one.
-const EXAMPLE_5: &str = "
-domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-";
+const EXAMPLE_5: &str = include_str!("envoy-ratelimit/readme/example5.yaml");
 
 #[tokio::test]
 async fn example_5_unlimited_answers_ok_with_max_uint32_remaining() {
@@ -298,23 +224,7 @@ async fn example_5_unlimited_answers_ok_with_max_uint32_remaining() {
 }
 
 // Example 6: a shadow-mode rule beside an enforced one.
-const EXAMPLE_6: &str = "
-domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-";
+const EXAMPLE_6: &str = include_str!("envoy-ratelimit/readme/example6.yaml");
 
 #[tokio::test]
 async fn example_6_user_a_is_never_limited_user_b_is_limited_to_twenty_per_second() {
@@ -353,29 +263,7 @@ async fn example_6_user_a_is_never_limited_user_b_is_limited_to_twenty_per_secon
 }
 
 // Example 7: `replaces`.
-const EXAMPLE_7: &str = "
-domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-";
+const EXAMPLE_7: &str = include_str!("envoy-ratelimit/readme/example7.yaml");
 
 #[tokio::test]
 async fn example_7_the_replacing_rule_alone_applies_when_both_match() {
@@ -409,20 +297,7 @@ async fn example_7_the_replacing_rule_alone_applies_when_both_match() {
 
 // Example 8: `detailed_metric` (accepted; it only shapes envoyproxy/ratelimit's stats keys).
 // The README's prose says `key_1` and "/ sec"; its YAML, used here, says `key1` and minute.
-const EXAMPLE_8: &str = "
-domain: example8
-descriptors:
-  - key: key1
-    detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 10
-  - key: key1
-    value: value1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+const EXAMPLE_8: &str = include_str!("envoy-ratelimit/readme/example8.yaml");
 
 #[tokio::test]
 async fn example_8_each_unspecified_value_has_its_own_ten_and_value1_has_twenty() {
@@ -442,35 +317,11 @@ async fn example_8_each_unspecified_value_has_its_own_ten_and_value1_has_twenty(
 }
 
 // Example 9: wildcards, trailing, in the middle and several.
-const EXAMPLE_9_TRAILING: &str = "
-domain: example9
-descriptors:
-  - key: key1
-    value: value*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+const EXAMPLE_9_TRAILING: &str = include_str!("envoy-ratelimit/readme/example9.yaml");
 
-const EXAMPLE_9_MIDDLE: &str = "
-domain: example9
-descriptors:
-  - key: path
-    value: /api/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+const EXAMPLE_9_MIDDLE: &str = include_str!("envoy-ratelimit/readme/example9-middle.yaml");
 
-const EXAMPLE_9_SEVERAL: &str = "
-domain: example9
-descriptors:
-  - key: route
-    value: /api/*/resource/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+const EXAMPLE_9_SEVERAL: &str = include_str!("envoy-ratelimit/readme/example9-several.yaml");
 
 /// Asserts that each of `matching` is limited with a counter of its own, and each of
 /// `others` matches nothing.

@@ -108,102 +108,75 @@ fn peek(domain: &str, key: &str, value: &str) -> RateLimitRequest {
     }
 }
 
-/// tests/atomic.rs' scenario on `backend`: once the user is over its limit, further requests
-/// charge nothing to the tenant.
-async fn fixed_window_scenario(backend: &Backend) {
-    let server = TestServer::start(FIXED, backend, ServiceOptions::default()).await;
+/// The nominal `duration_until_reset` of each status [`scenario`] asserts, in milliseconds.
+struct Resets {
+    /// The tenant's after its first, second and third admissions.
+    tenant: [u64; 3],
+    /// mallory's after its first and second admissions, then while it is denied.
+    mallory: [u64; 3],
+    /// alice's after its first admission.
+    alice: u64,
+}
+
+/// FIXED's: a fixed window reports its end, a minute after the admission that started it.
+const FIXED_RESETS: Resets = Resets { tenant: [60_000; 3], mallory: [60_000; 3], alice: 60_000 };
+
+/// GCRA's: the time until the quota is full again. The tenant's next unit comes 6 s after each
+/// admission, a user's 30 s after; a denied request moves neither.
+const GCRA_RESETS: Resets =
+    Resets { tenant: [6_000, 12_000, 18_000], mallory: [30_000, 60_000, 30_000], alice: 30_000 };
+
+/// tests/atomic.rs' scenario on `backend`, with `rules` (FIXED or GCRA) for `domain`: once the
+/// user is over its limit, further requests charge nothing to the tenant.
+async fn scenario(backend: &Backend, rules: &str, domain: &str, resets: &Resets) {
+    let server = TestServer::start(rules, backend, ServiceOptions::default()).await;
     let mut client = server.client().await;
     let start = Instant::now();
+    let [tenant_1, tenant_2, tenant_3] = resets.tenant;
+    let [mallory_1, mallory_2, mallory_denied] = resets.mallory;
 
-    let first = call(&mut client, both("api", "acme", "mallory")).await;
+    let first = call(&mut client, both(domain, "acme", "mallory")).await;
     assert_statuses(
         &first,
         Code::Ok,
         &[
-            (Code::Ok, Some((10, MINUTE)), 9, within(60_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 1, within(60_000, start)),
+            (Code::Ok, Some((10, MINUTE)), 9, within(tenant_1, start)),
+            (Code::Ok, Some((2, MINUTE)), 1, within(mallory_1, start)),
         ],
     );
-    let second = call(&mut client, both("api", "acme", "mallory")).await;
+    let second = call(&mut client, both(domain, "acme", "mallory")).await;
     assert_statuses(
         &second,
         Code::Ok,
         &[
-            (Code::Ok, Some((10, MINUTE)), 8, within(60_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 0, within(60_000, start)),
+            (Code::Ok, Some((10, MINUTE)), 8, within(tenant_2, start)),
+            (Code::Ok, Some((2, MINUTE)), 0, within(mallory_2, start)),
         ],
     );
     // mallory is over the per-user limit: ten more requests, all denied, none charged to acme.
     for _ in 0..10 {
-        let denied = call(&mut client, both("api", "acme", "mallory")).await;
+        let denied = call(&mut client, both(domain, "acme", "mallory")).await;
         assert_statuses(
             &denied,
             Code::OverLimit,
-            &[(Code::Ok, None, 0, None), (Code::OverLimit, Some((2, MINUTE)), 0, within(60_000, start))],
+            &[
+                (Code::Ok, None, 0, None),
+                (Code::OverLimit, Some((2, MINUTE)), 0, within(mallory_denied, start)),
+            ],
         );
     }
     // A check-only read of the tenant: exactly 8 of its 10 left, nothing charged.
-    let tenant = call(&mut client, peek("api", "tenant", "acme")).await;
-    assert_statuses(&tenant, Code::Ok, &[(Code::Ok, Some((10, MINUTE)), 8, within(60_000, start))]);
+    let tenant = call(&mut client, peek(domain, "tenant", "acme")).await;
+    assert_statuses(&tenant, Code::Ok, &[(Code::Ok, Some((10, MINUTE)), 8, within(tenant_2, start))]);
     // The next request of another user takes one of them.
     let alice_start = Instant::now();
-    let other = call(&mut client, both("api", "acme", "alice")).await;
+    let other = call(&mut client, both(domain, "acme", "alice")).await;
     assert_statuses(
         &other,
         Code::Ok,
         &[
-            (Code::Ok, Some((10, MINUTE)), 7, within(60_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 1, within(60_000, alice_start)),
-        ],
-    );
-    server.stop().await;
-}
-
-/// The same on GCRA quotas: the tenant's next unit comes 6 s after each admission, a user's
-/// 30 s after; a denied request moves neither.
-async fn gcra_scenario(backend: &Backend) {
-    let server = TestServer::start(GCRA, backend, ServiceOptions::default()).await;
-    let mut client = server.client().await;
-    let start = Instant::now();
-
-    // GCRA's `duration_until_reset` is the time until the quota is full again.
-    let first = call(&mut client, both("gcra-api", "acme", "mallory")).await;
-    assert_statuses(
-        &first,
-        Code::Ok,
-        &[
-            (Code::Ok, Some((10, MINUTE)), 9, within(6_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 1, within(30_000, start)),
-        ],
-    );
-    let second = call(&mut client, both("gcra-api", "acme", "mallory")).await;
-    assert_statuses(
-        &second,
-        Code::Ok,
-        &[
-            (Code::Ok, Some((10, MINUTE)), 8, within(12_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 0, within(60_000, start)),
-        ],
-    );
-    // Denied: mallory's next unit comes 30 s after the first admission.
-    for _ in 0..10 {
-        let denied = call(&mut client, both("gcra-api", "acme", "mallory")).await;
-        assert_statuses(
-            &denied,
-            Code::OverLimit,
-            &[(Code::Ok, None, 0, None), (Code::OverLimit, Some((2, MINUTE)), 0, within(30_000, start))],
-        );
-    }
-    let tenant = call(&mut client, peek("gcra-api", "tenant", "acme")).await;
-    assert_statuses(&tenant, Code::Ok, &[(Code::Ok, Some((10, MINUTE)), 8, within(12_000, start))]);
-    let alice_start = Instant::now();
-    let other = call(&mut client, both("gcra-api", "acme", "alice")).await;
-    assert_statuses(
-        &other,
-        Code::Ok,
-        &[
-            (Code::Ok, Some((10, MINUTE)), 7, within(18_000, start)),
-            (Code::Ok, Some((2, MINUTE)), 1, within(30_000, alice_start)),
+            (Code::Ok, Some((10, MINUTE)), 7, within(tenant_3, start)),
+            (Code::Ok, Some((2, MINUTE)), 1, within(resets.alice, alice_start)),
         ],
     );
     server.stop().await;
@@ -236,7 +209,7 @@ async fn on_redis_a_request_over_the_per_user_limit_leaves_the_broad_counter_unt
     let prefix = unique_prefix("atomic");
     let keys = RedisKeys::new(&url, &prefix);
     let backend = redis_backend(&url, &prefix).await;
-    fixed_window_scenario(&backend).await;
+    scenario(&backend, FIXED, "api", &FIXED_RESETS).await;
     // Every key is under the domain's hash tag, so a domain is one slot of a Redis Cluster.
     let written = keys.all();
     let tag = domain_tag(&prefix, "api");
@@ -253,7 +226,7 @@ async fn on_redis_gcra_quotas_are_atomic_too() {
     let prefix = unique_prefix("gcra");
     let keys = RedisKeys::new(&url, &prefix);
     let backend = redis_backend(&url, &prefix).await;
-    gcra_scenario(&backend).await;
+    scenario(&backend, GCRA, "gcra-api", &GCRA_RESETS).await;
     let written = keys.all();
     let tag = domain_tag(&prefix, "gcra-api");
     assert!(!written.is_empty());
@@ -318,7 +291,7 @@ async fn on_postgres_a_request_over_the_per_user_limit_leaves_the_broad_counter_
     backend.prepare().await.unwrap();
     // Preparing twice (a second replica starting) is harmless.
     backend.prepare().await.unwrap();
-    fixed_window_scenario(&backend).await;
+    scenario(&backend, FIXED, "api", &FIXED_RESETS).await;
     drop(backend);
     database.finish().await;
 }
@@ -329,7 +302,7 @@ async fn on_postgres_gcra_quotas_are_atomic_too() {
     let database = TestDatabase::create("gcra").await;
     let backend = Backend::postgres(database.pool(4).await, PostgresConfig::default());
     backend.prepare().await.unwrap();
-    gcra_scenario(&backend).await;
+    scenario(&backend, GCRA, "gcra-api", &GCRA_RESETS).await;
     drop(backend);
     database.finish().await;
 }

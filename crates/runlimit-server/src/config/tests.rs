@@ -1112,20 +1112,7 @@ fn symbolic_links_are_followed_as_in_a_configmap_mount() {
 
 #[test]
 fn readme_example_1_two_values_of_one_key() {
-    let text = "domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example1.yaml");
     let table = table(text);
     assert_eq!((table.domain_count(), table.rule_count()), (1, 2));
     assert_eq!(
@@ -1139,23 +1126,7 @@ descriptors:
 
 #[test]
 fn readme_example_2_nested_and_top_level_key_only_rules() {
-    let text = "domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example2.yaml");
     let table = table(text);
     assert_eq!(table.rule_count(), 2);
     assert_eq!(
@@ -1169,20 +1140,7 @@ descriptors:
 
 #[test]
 fn readme_example_3_a_black_listed_value() {
-    let text = "domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example3.yaml");
     let table = table(text);
     assert_eq!(
         table.describe(),
@@ -1203,24 +1161,8 @@ descriptors:
 
 #[test]
 fn readme_example_4_both_files() {
-    let flat = "domain: example4
-descriptors:
-  - key: key
-    value: value
-    rate_limit:
-      requests_per_unit: 300
-      unit: second
-";
-    let nested = "domain: example4
-descriptors:
-  - key: key
-    value: value
-    descriptors:
-      - key: subkey
-        rate_limit:
-          requests_per_unit: 300
-          unit: second
-";
+    let flat = include_str!("../../tests/envoy-ratelimit/readme/example4.yaml");
+    let nested = include_str!("../../tests/envoy-ratelimit/readme/example4-nested.yaml");
     assert_eq!(table(flat).describe(), lines(&["example4.key_value: 300 per second (fixed_window)"]));
     assert_eq!(
         table(nested).describe(),
@@ -1230,17 +1172,7 @@ descriptors:
 
 #[test]
 fn readme_example_5_unlimited() {
-    let text = "domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example5.yaml");
     let table = table(text);
     assert_eq!(table.rule_count(), 2);
     assert_eq!(
@@ -1252,22 +1184,7 @@ descriptors:
 
 #[test]
 fn readme_example_6_shadow_mode() {
-    let text = "domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example6.yaml");
     let table = table(text);
     assert_eq!(
         table.describe(),
@@ -1287,28 +1204,7 @@ descriptors:
 
 #[test]
 fn readme_example_7_replaces() {
-    let text = "domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example7.yaml");
     let table = table(text);
     assert_eq!(
         table.describe(),
@@ -1327,19 +1223,7 @@ descriptors:
 
 #[test]
 fn readme_example_8_detailed_metric() {
-    let text = "domain: example8
-descriptors:
-  - key: key1
-    detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 10
-  - key: key1
-    value: value1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+    let text = include_str!("../../tests/envoy-ratelimit/readme/example8.yaml");
     assert_eq!(
         table(text).describe(),
         lines(&[
@@ -1351,30 +1235,9 @@ descriptors:
 
 #[test]
 fn readme_example_9_wildcards() {
-    let trailing = "domain: example9
-descriptors:
-  - key: key1
-    value: value*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
-    let middle = "domain: example9
-descriptors:
-  - key: path
-    value: /api/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
-    let multiple = "domain: example9
-descriptors:
-  - key: route
-    value: /api/*/resource/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-";
+    let trailing = include_str!("../../tests/envoy-ratelimit/readme/example9.yaml");
+    let middle = include_str!("../../tests/envoy-ratelimit/readme/example9-middle.yaml");
+    let multiple = include_str!("../../tests/envoy-ratelimit/readme/example9-several.yaml");
     assert_eq!(table(trailing).describe(), lines(&["example9.key1_value*: 20 per minute (fixed_window)"]));
     assert_eq!(
         table(middle).describe(),

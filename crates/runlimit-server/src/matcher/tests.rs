@@ -55,75 +55,7 @@ fn lookup_with(
 
 /// envoyproxy/ratelimit's test/config/basic_config.yaml, with the rules its newest test
 /// expects (key4's name, key6 unlimited, key7 detailed_metric).
-const BASIC_CONFIG: &str = "domain: test-domain
-descriptors:
-  # Top level key/value with no rate limit: a placeholder for its children.
-  - key: key1
-    value: value1
-    descriptors:
-      # Any value of subkey1.
-      - key: subkey1
-        rate_limit:
-          unit: second
-          requests_per_unit: 5
-
-      # subkey1 = subvalue1 exactly.
-      - key: subkey1
-        value: subvalue1
-        rate_limit:
-          unit: second
-          requests_per_unit: 10
-
-  # Any value of key2.
-  - key: key2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-
-  - key: key2
-    value: value2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 30
-
-  # Whitelisted.
-  - key: key2
-    value: value3
-
-  - key: key3
-    rate_limit:
-      unit: hour
-      requests_per_unit: 1
-
-  - key: key4
-    rate_limit:
-      name: key4_rate_limit
-      unit: day
-      requests_per_unit: 1
-
-  # An intermediate rule with its own limit.
-  - key: key5
-    value: value5
-    rate_limit:
-      unit: day
-      requests_per_unit: 15
-    descriptors:
-      - key: subkey5
-        value: subvalue5
-        rate_limit:
-          unit: day
-          requests_per_unit: 25
-
-  - key: key6
-    rate_limit:
-      unlimited: true
-
-  - key: key7
-    detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 70
-";
+const BASIC_CONFIG: &str = include_str!("../../tests/envoy-ratelimit/test-config/basic_config.yaml");
 
 #[test]
 fn basic_config_unknown_domain_is_not_in_the_table() {
@@ -251,41 +183,7 @@ fn no_entries_match_nothing() {
 }
 
 /// envoyproxy/ratelimit's test/config/wildcard.yaml.
-const WILDCARD: &str = "domain: test-domain
-descriptors:
-  - key: wild
-    value: foo*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: noWild
-    value: foo
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: noVal
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: midWild
-    value: bar*b
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: multiWild
-    value: foo*bar*baz
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: nestedWild
-    value: val1
-    descriptors:
-      - key: wild
-        value: goo*
-        rate_limit:
-          unit: minute
-          requests_per_unit: 20
-";
+const WILDCARD: &str = include_str!("../../tests/envoy-ratelimit/test-config/wildcard.yaml");
 
 #[test]
 fn wildcard_trailing_star() {
@@ -481,73 +379,7 @@ fn the_scratch_buffer_may_hold_anything() {
 }
 
 /// envoyproxy/ratelimit's test/config/share_threshold.yaml, in part.
-const SHARE_THRESHOLD: &str = "domain: test-domain
-descriptors:
-  - key: files
-    value: files/*
-    share_threshold: true
-    rate_limit:
-      unit: hour
-      requests_per_unit: 10
-  - key: files_no_share
-    value: files_no_share/*
-    rate_limit:
-      unit: hour
-      requests_per_unit: 10
-  - key: parent
-    value: value1
-    descriptors:
-      - key: files
-        value: nested/*
-        share_threshold: true
-        rate_limit:
-          unit: hour
-          requests_per_unit: 200
-  - key: path
-    value: path/*
-    share_threshold: true
-    descriptors:
-      - key: file
-        value: file/*
-        descriptors:
-          - key: type
-            rate_limit:
-              unit: minute
-              requests_per_unit: 120
-  - key: user
-    value: user/*
-    share_threshold: true
-    descriptors:
-      - key: res
-        value: res/*
-        share_threshold: true
-        descriptors:
-          - key: action
-            rate_limit:
-              unit: minute
-              requests_per_unit: 150
-  - key: file
-    value: test1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 50
-  - key: file
-    value: test*
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-  - key: tenant
-    value: t*prod
-    share_threshold: true
-    descriptors:
-      - key: resource
-        value: res*v2
-        share_threshold: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 90
-";
+const SHARE_THRESHOLD: &str = include_str!("../../tests/envoy-ratelimit/test-config/share_threshold.yaml");
 
 #[test]
 fn share_threshold_records_the_pattern_of_a_wildcard_match() {
@@ -636,22 +468,7 @@ fn share_threshold_request_stopping_at_a_level_without_a_limit_matches_nothing()
 
 #[test]
 fn readme_example_1_unlisted_value_matches_nothing() {
-    let table = table(
-        "domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-",
-    );
+    let table = table(include_str!("../../tests/envoy-ratelimit/readme/example1.yaml"));
     assert_eq!(
         lookup(&table, "mongo_cps", &[("database", "users")]),
         found("mongo_cps.database_users: 500 per second")
@@ -724,28 +541,8 @@ descriptors:
 
 #[test]
 fn readme_example_4_the_request_needs_as_many_entries_as_levels() {
-    let flat = table(
-        "domain: example4
-descriptors:
-  - key: key
-    value: value
-    rate_limit:
-      requests_per_unit: 300
-      unit: second
-",
-    );
-    let nested = table(
-        "domain: example4
-descriptors:
-  - key: key
-    value: value
-    descriptors:
-      - key: subkey
-        rate_limit:
-          requests_per_unit: 300
-          unit: second
-",
-    );
+    let flat = table(include_str!("../../tests/envoy-ratelimit/readme/example4.yaml"));
+    let nested = table(include_str!("../../tests/envoy-ratelimit/readme/example4-nested.yaml"));
     let request = [("key", "value"), ("subkey", "subvalue")];
     assert_eq!(lookup(&flat, "example4", &request), None);
     assert_eq!(lookup(&nested, "example4", &request), found("example4.key_value.subkey: 300 per second"));
@@ -753,24 +550,7 @@ descriptors:
 
 #[test]
 fn readme_example_6_key_only_parent() {
-    let table = table(
-        "domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-",
-    );
+    let table = table(include_str!("../../tests/envoy-ratelimit/readme/example6.yaml"));
     assert_eq!(
         lookup(&table, "example6", &[("service", "auth-service"), ("user", "user-a")]),
         found("example6.service.user_user-a: 10 per second")
