@@ -1,13 +1,17 @@
 //! Where the counters live: process memory, Redis or PostgreSQL.
 
-use std::{collections::HashMap, fmt::Write as _, sync::Arc};
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+};
 
 use runlimit_memory::{Clock, GcraStore, MemoryStore, MemoryStoreConfig, SystemClock};
 use runlimit_postgres::{MigrationError, PostgresConfig, PostgresGcraLimiter, PostgresLimiter};
 use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter};
 use sha2::{Digest as _, Sha256};
 
-use crate::config::RuleTable;
+use crate::config::{Algorithm, RuleTable};
 
 /// The longest `--redis-key-prefix` accepted: 47 bytes. Each domain's keys live under the
 /// prefix, `:` and 16 hex digits of a hash of the domain name (64 bytes at most, the longest
@@ -24,9 +28,13 @@ pub const MAX_REDIS_KEY_PREFIX_LEN: usize = 47;
 ///
 /// Each algorithm has its own limiter: fixed-window rules use `MemoryStore`, `RedisLimiter`
 /// or `PostgresLimiter`, GCRA rules `GcraStore`, `RedisGcraLimiter` or `PostgresGcraLimiter`.
-/// On Redis, every domain has a limiter of its own (sharing the connection), whose keys carry
+/// In memory, every domain has stores of its own, each with the whole bound: one domain's keys
+/// (a flood of distinct client-controlled values) cannot fill another domain's store. On
+/// Redis, every domain has a limiter of its own (sharing the connection), whose keys carry
 /// the hash tag `{PREFIX:DOMAIN-HASH}`: in a Redis Cluster a domain's counters live in one hash
-/// slot, so every request (which names one domain) is one atomic script on one node.
+/// slot, so every request (which names one domain) is one atomic script on one node, and each
+/// domain has its own 256 bounded shards. On PostgreSQL every domain shares the tables and
+/// their bound.
 #[derive(Clone, Debug)]
 pub struct Backend {
     kind: Kind,
@@ -34,7 +42,7 @@ pub struct Backend {
 
 #[derive(Clone, Debug)]
 enum Kind {
-    Memory(Arc<MemoryLimiters>),
+    Memory(Arc<MemoryBackend>),
     Redis { fixed: RedisLimiter, gcra: RedisGcraLimiter, prefix: String },
     Postgres(Arc<PostgresLimiters>),
 }
@@ -53,6 +61,35 @@ impl std::fmt::Debug for MemoryLimiters {
     }
 }
 
+/// The memory backend: the stores of every domain it has served, kept by domain name so a
+/// table that names the domain again (a reload) keeps its counters.
+struct MemoryBackend {
+    config: MemoryStoreConfig,
+    clock: SharedClock,
+    domains: Mutex<HashMap<Box<str>, Arc<MemoryLimiters>>>,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl MemoryBackend {
+    /// The stores of `domain`, created empty the first time.
+    fn stores(&self, domain: &str) -> Arc<MemoryLimiters> {
+        // A panic while holding this lock leaves nothing half-updated (one insert), so a
+        // poisoned lock is used as it is.
+        let mut domains = self.domains.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(domains.entry(domain.into()).or_insert_with(|| {
+            Arc::new(MemoryLimiters {
+                fixed: MemoryStore::builder(self.config).with_clock(Arc::clone(&self.clock)).build(),
+                gcra: GcraStore::builder(self.config).with_clock(Arc::clone(&self.clock)).build(),
+            })
+        }))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct PostgresLimiters {
     pub(crate) fixed: PostgresLimiter,
@@ -63,12 +100,14 @@ pub(crate) struct PostgresLimiters {
 pub(crate) struct RedisDomainLimiters {
     pub(crate) fixed: RedisLimiter,
     pub(crate) gcra: RedisGcraLimiter,
+    /// The domain's algorithm: the only limiter cleanup has to visit.
+    algorithm: Algorithm,
 }
 
-/// The limiters of one rule table.
+/// The limiters of one rule table, by domain (PostgreSQL: the same for every domain).
 #[derive(Clone, Debug)]
 pub(crate) enum Limiters {
-    Memory(Arc<MemoryLimiters>),
+    Memory(Arc<HashMap<Box<str>, Arc<MemoryLimiters>>>),
     Redis(Arc<HashMap<Box<str>, RedisDomainLimiters>>),
     Postgres(Arc<PostgresLimiters>),
 }
@@ -113,9 +152,9 @@ pub enum BackendError {
 }
 
 impl Backend {
-    /// Hard-bounded process memory: each of the two stores (fixed window, GCRA) holds at most
-    /// `config.max_keys()` keys and never evicts a live one; a new key for a full shard is
-    /// denied (`OVER_LIMIT`).
+    /// Hard-bounded process memory: each domain's two stores (fixed window, GCRA) hold at most
+    /// `config.max_keys()` keys each and never evict a live one; a new key for a full shard is
+    /// denied (`OVER_LIMIT`). Stores are created when a table first names their domain.
     #[must_use]
     pub fn memory(config: MemoryStoreConfig) -> Self {
         Self::memory_with_clock(config, Arc::new(SystemClock::new()))
@@ -125,11 +164,8 @@ impl Backend {
     /// `runlimit_memory::ManualClock` makes every window and delay a test observes exact.
     #[must_use]
     pub fn memory_with_clock(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
-        let limiters = MemoryLimiters {
-            fixed: MemoryStore::builder(config).with_clock(Arc::clone(&clock)).build(),
-            gcra: GcraStore::builder(config).with_clock(clock).build(),
-        };
-        Self { kind: Kind::Memory(Arc::new(limiters)) }
+        let memory = MemoryBackend { config, clock, domains: Mutex::new(HashMap::new()) };
+        Self { kind: Kind::Memory(Arc::new(memory)) }
     }
 
     /// Redis at `url` (`redis://[USER:PASSWORD@]HOST[:PORT][/DB]`): one connection per
@@ -203,7 +239,9 @@ impl Backend {
     /// The limiters `table`'s domains use.
     pub(crate) fn limiters(&self, table: &RuleTable) -> Limiters {
         match &self.kind {
-            Kind::Memory(memory) => Limiters::Memory(Arc::clone(memory)),
+            Kind::Memory(memory) => Limiters::Memory(Arc::new(
+                table.domains().map(|domain| (domain.name.clone(), memory.stores(&domain.name))).collect(),
+            )),
             Kind::Postgres(postgres) => Limiters::Postgres(Arc::clone(postgres)),
             Kind::Redis { fixed, gcra, prefix } => {
                 let mut domains = HashMap::new();
@@ -217,6 +255,7 @@ impl Backend {
                         RedisDomainLimiters {
                             fixed: fixed.clone().with_config(config.clone()),
                             gcra: gcra.clone().with_config(config),
+                            algorithm: domain.algorithm,
                         },
                     );
                 }
@@ -257,14 +296,13 @@ impl Limiters {
             }
             Self::Redis(domains) => {
                 for limiters in domains.values() {
-                    for result in [
-                        limiters.fixed.cleanup_expired(maximum).await,
-                        limiters.gcra.cleanup_expired(maximum).await,
-                    ] {
-                        match result {
-                            Ok(count) => removed += count,
-                            Err(error) => tracing::warn!(%error, "Redis cleanup failed"),
-                        }
+                    let result = match limiters.algorithm {
+                        Algorithm::FixedWindow => limiters.fixed.cleanup_expired(maximum).await,
+                        Algorithm::Gcra => limiters.gcra.cleanup_expired(maximum).await,
+                    };
+                    match result {
+                        Ok(count) => removed += count,
+                        Err(error) => tracing::warn!(%error, "Redis cleanup failed"),
                     }
                 }
             }

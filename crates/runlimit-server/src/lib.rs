@@ -76,8 +76,8 @@ pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg};
 pub use crate::config::{Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, RuleTable, Unit};
 pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher};
 pub use crate::server::{
-    GRPC_LISTENING_PREFIX, HTTP_LISTENING_PREFIX, RunError, SHUTDOWN_GRACE, Server, announce,
-    install_metrics, shutdown_signal,
+    GRPC_LISTENING_PREFIX, HTTP_LISTENING_PREFIX, MAX_CONCURRENT_STREAMS, RunError, SHUTDOWN_GRACE, Server,
+    announce, install_metrics, shutdown_signal,
 };
 pub use crate::service::{
     BackendErrorMode, HeaderFormat, MAX_DESCRIPTORS, MAX_DOMAIN_LEN, MAX_ENTRIES, MAX_KEY_LEN, MAX_VALUE_LEN,

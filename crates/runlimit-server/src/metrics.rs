@@ -22,8 +22,14 @@ use crate::{
 /// are not counted here.
 pub(crate) const REQUESTS: &str = "runlimit_server_requests_total";
 /// `runlimit_server_shadow_denials_total{domain, rule, reason}`: descriptors a shadow-mode rule
-/// would have denied (`reason`: `quota`, `never` for a limit of 0 or hits above it).
+/// would have denied (`reason`: `quota`; `never` for a limit of 0 or hits above it;
+/// `storage_capacity` for a full store after the request's enforced rules were charged). A
+/// limit override's `rule` is `DOMAIN.(override)`.
 pub(crate) const SHADOW_DENIALS: &str = "runlimit_server_shadow_denials_total";
+/// `runlimit_server_storage_full_total{domain}`: descriptors denied (or, in a shadow-mode
+/// batch after the enforced rules were charged, reported) because their store was full: a new
+/// key found its shard at its bound.
+pub(crate) const STORAGE_FULL: &str = "runlimit_server_storage_full_total";
 /// `runlimit_server_backend_failures_total{domain, consumption}`: calls whose backend failed,
 /// by whether quota may have been consumed (`not_consumed`, `may_have_been_consumed`,
 /// `consumed`).
@@ -77,6 +83,10 @@ pub(crate) fn shadow_denial(domain: &Domain, rule: &Rule, reason: Exhaustion) {
         "reason" => reason_label(reason),
     )
     .increment(1);
+}
+
+pub(crate) fn storage_full(domain: &Domain) {
+    counter!(STORAGE_FULL, "domain" => domain.name.to_string()).increment(1);
 }
 
 pub(crate) fn backend_failure(domain: &Domain, consumption: ConsumptionStatus) {

@@ -39,6 +39,9 @@ pub const GRPC_LISTENING_PREFIX: &str = "grpc listening on ";
 /// bound address: `http listening on 127.0.0.1:8080`.
 pub const HTTP_LISTENING_PREFIX: &str = "http listening on ";
 
+/// The most concurrent calls (HTTP/2 streams) one gRPC connection may carry: 1,024.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1_024;
+
 /// How long startup waits for the first PostgreSQL connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -310,6 +313,9 @@ impl Server {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let grpc_stop = stopped.clone();
         let grpc = tonic::transport::Server::builder()
+            // Bounds what one connection can hold at once (tonic's default is unbounded): Envoy
+            // opens more connections rather than queue when a connection is at its limit.
+            .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
             .add_service(health)
             .add_service(RateLimitServiceServer::new(self.service.clone()))
             // TCP_NODELAY: a small response must not wait for the peer's delayed ACK (tonic sets it
@@ -340,6 +346,8 @@ impl Server {
         let signal = tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, finishing in-flight calls");
+            // Health checks on connections still open now see the service going away.
+            reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
             let _ = stop.send(true);
         });
         let grace = async move {

@@ -76,6 +76,30 @@ async fn requests_and_shadow_denials_are_counted_by_domain_rule_and_code() {
         [r#"runlimit_server_shadow_denials_total{domain="d",rule="d.soft",reason="quota"} 2"#]
     );
     assert!(samples(&text, "runlimit_server_backend_failures_total").is_empty(), "{text}");
+    assert!(samples(&text, "runlimit_server_storage_full_total").is_empty(), "{text}");
+
+    // A second server whose store holds one key: its second key is denied, and counted.
+    let tiny = runlimit_server::Backend::memory(runlimit_memory::MemoryStoreConfig::new(1).unwrap());
+    let tiny = Service::new(rules(RULES), &tiny, hasher(), ServiceOptions::default());
+    let tiny = Server::with_service(tiny, loopback, loopback).await.unwrap();
+    let tiny_grpc = tiny.grpc_addr().unwrap();
+    let (tiny_stop, tiny_stopped) = tokio::sync::oneshot::channel::<()>();
+    let tiny_task = tokio::spawn(tiny.serve(async {
+        let _ = tiny_stopped.await;
+    }));
+    let mut tiny_client = support::client(tiny_grpc).await;
+    assert_eq!(overall(&call(&mut tiny_client, request("d", &[&[("enforced", "a")]])).await), Code::Ok);
+    assert_eq!(
+        overall(&call(&mut tiny_client, request("d", &[&[("enforced", "b")]])).await),
+        Code::OverLimit
+    );
+    let text = get(http, "/metrics").await;
+    assert_eq!(
+        samples(&text, "runlimit_server_storage_full_total"),
+        [r#"runlimit_server_storage_full_total{domain="d"} 1"#]
+    );
+    let _ = tiny_stop.send(());
+    tiny_task.await.unwrap().unwrap();
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

@@ -331,8 +331,16 @@ async fn global_shadow_leaves_unlimited_and_unmatched_descriptors_alone() {
 async fn one_key_server(
     options: ServiceOptions,
 ) -> (support::TestServer, runlimit_memory::ManualClock, support::Client) {
+    keys_server(1, options).await
+}
+
+/// A server on a memory backend that holds `keys` keys, its clock and a client.
+async fn keys_server(
+    keys: usize,
+    options: ServiceOptions,
+) -> (support::TestServer, runlimit_memory::ManualClock, support::Client) {
     let clock = runlimit_memory::ManualClock::new();
-    let config = runlimit_memory::MemoryStoreConfig::new(1).unwrap();
+    let config = runlimit_memory::MemoryStoreConfig::new(keys).unwrap();
     let backend = runlimit_server::Backend::memory_with_clock(config, std::sync::Arc::new(clock.clone()));
     let server = support::TestServer::start(RULES, &backend, options).await;
     let client = server.client().await;
@@ -361,5 +369,22 @@ async fn a_full_store_denies_a_new_key_under_global_shadow() {
     // Once the stored window ends its slot is free again.
     clock.advance(Duration::from_secs(50));
     assert_eq!(views(&call(&mut client, request("api", &[&[("tenant", "b")]])).await), [ok(10, 9, 60_000)]);
+    server.stop().await;
+}
+
+/// Regression: the enforced batch was committed, then the shadow batch's full store denied the
+/// request (429 after its enforced rules were charged). The request is admitted now, as its
+/// enforced rules decided; the shadow rule reports the full store as a shadow denial.
+#[tokio::test]
+async fn a_full_store_after_the_enforced_rules_were_charged_is_a_shadow_denial() {
+    let (server, clock, mut client) = keys_server(2, ServiceOptions::default()).await;
+    assert_eq!(views(&call(&mut client, request("api", &[&[("tenant", "a")]])).await), [ok(10, 9, 60_000)]);
+    assert_eq!(views(&call(&mut client, request("api", &[&[("tenant", "b")]])).await), [ok(10, 9, 60_000)]);
+    clock.advance(Duration::from_secs(10));
+    let mixed = call(&mut client, request("api", &[&[("tenant", "a")], &[("trial", "t1")]])).await;
+    assert_eq!(overall(&mixed), Code::Ok);
+    assert_eq!(views(&mixed), [ok(10, 8, 50_000), shadow_over(3, Some(50_000))]);
+    // The enforced counter was charged once, as the answer said.
+    assert_eq!(views(&call(&mut client, request("api", &[&[("tenant", "a")]])).await), [ok(10, 7, 50_000)]);
     server.stop().await;
 }

@@ -155,6 +155,12 @@ pub(crate) struct Rule {
     /// The name of the rule in `RateLimit-Policy` / `RateLimit` fields: `name`, else the
     /// path, else (a path outside printable ASCII) the policy identifier.
     pub(crate) header_name: PolicyName,
+    /// The rule's identity: its domain and descriptor path, as keys and values (two rules
+    /// whose `path` texts are equal, key `a_b` and key `a` with value `b`, differ here).
+    pub(crate) identity: PolicyId,
+    /// The `share_threshold` patterns along the rule's path, in order (empty: none); they
+    /// decide which values share a counter.
+    pub(crate) shared: Box<str>,
 }
 
 /// A node of a domain's rule tree: a matched rule entry, its rule (if it has a `rate_limit`)
@@ -338,8 +344,9 @@ impl RuleTable {
     }
 
     /// The rules whose counters a change from `previous` to `self` starts afresh: every rule
-    /// present in both (same domain and descriptor path) whose limit, unit, algorithm or burst
-    /// differs, as `path: OLD -> NEW` lines sorted by path. Rules only in one of the tables are
+    /// present in both (same domain and descriptor path, compared as keys and values) whose
+    /// limit, unit, algorithm or burst differs, or whose `share_threshold` patterns along the
+    /// path differ (which values share a counter), as `path: OLD -> NEW` lines sorted by path. Rules only in one of the tables are
     /// not listed (a new rule starts fresh, a removed one is gone).
     #[must_use]
     pub fn restarted_counters(&self, previous: &Self) -> Vec<String> {
@@ -347,8 +354,10 @@ impl RuleTable {
         for (name, domain) in &self.domains {
             let Some(old_domain) = previous.domains.get(name) else { continue };
             for rule in &domain.rules {
-                let Some(old) = old_domain.rules.iter().find(|old| old.path == rule.path) else { continue };
-                let (old_text, new_text) = (limit_text(old_domain, old), limit_text(domain, rule));
+                let Some(old) = old_domain.rules.iter().find(|old| old.identity == rule.identity) else {
+                    continue;
+                };
+                let (old_text, new_text) = (counter_text(old_domain, old), counter_text(domain, rule));
                 if old_text != new_text {
                     lines.push(format!("{}: {old_text} -> {new_text}", rule.path));
                 }
@@ -400,6 +409,15 @@ fn limit_text(domain: &Domain, rule: &Rule) -> String {
             text
         }
     }
+}
+
+/// [`limit_text`], and which `share_threshold` patterns make values share its counters.
+fn counter_text(domain: &Domain, rule: &Rule) -> String {
+    let mut text = limit_text(domain, rule);
+    if !rule.shared.is_empty() {
+        let _ = write!(text, ", shared by {}", rule.shared);
+    }
+    text
 }
 
 fn describe_rule(domain: &Domain, rule: &Rule) -> String {
@@ -565,7 +583,7 @@ fn compile_domain(file: &Path, name: &str, docs: &[RuleDoc], errors: &mut Vec<Co
         replaces: Vec::new(),
         errors,
     };
-    let root = builder.level(docs, "", &[]);
+    let root = builder.level(docs, "", &[], &[]);
     // Names can be used before they are defined, so these are checked last, and each problem
     // is put where it was found. The positions never decrease; `inserted` shifts the later ones.
     let mut inserted = 0;
@@ -590,7 +608,15 @@ impl DomainBuilder<'_> {
 
     /// Compiles one `descriptors` list; `location` is its document path (`""` for the
     /// top-level list) and `parents` the descriptor path of the rule that holds it.
-    fn level(&mut self, docs: &[RuleDoc], location: &str, parents: &[PathEntry<'_>]) -> Level {
+    ///
+    /// `parent_shares`: the `share_threshold` patterns of the rules on the way here, in order.
+    fn level(
+        &mut self,
+        docs: &[RuleDoc],
+        location: &str,
+        parents: &[PathEntry<'_>],
+        parent_shares: &[String],
+    ) -> Level {
         let mut level = Level::default();
         let mut seen: HashSet<(&str, Option<&str>)> = HashSet::new();
         for (index, doc) in docs.iter().enumerate() {
@@ -630,11 +656,14 @@ impl DomainBuilder<'_> {
             if doc.quota_mode == Some(true) {
                 self.error(format!("{here}.quota_mode"), ConfigErrorKind::QuotaModeUnsupported);
             }
-            let rule = doc
-                .rate_limit
-                .as_ref()
-                .and_then(|rate_limit| self.rule(rate_limit, doc, &format!("{here}.rate_limit"), &path));
-            let children = self.level(doc.descriptors.as_deref().unwrap_or(&[]), &here, &path);
+            let mut shares = parent_shares.to_vec();
+            if let Some(pattern) = &share {
+                shares.push(format!("`{pattern}`"));
+            }
+            let rule = doc.rate_limit.as_ref().and_then(|rate_limit| {
+                self.rule(rate_limit, doc, &format!("{here}.rate_limit"), &path, &shares)
+            });
+            let children = self.level(doc.descriptors.as_deref().unwrap_or(&[]), &here, &path, &shares);
             if !valid {
                 continue;
             }
@@ -657,6 +686,7 @@ impl DomainBuilder<'_> {
         descriptor: &RuleDoc,
         location: &str,
         path: &[PathEntry<'_>],
+        shares: &[String],
     ) -> Option<usize> {
         let before = self.errors.len();
         let name = doc.name.as_deref().filter(|name| !name.is_empty());
@@ -766,6 +796,8 @@ impl DomainBuilder<'_> {
             quota,
             shadow,
             header_name,
+            identity: policy_id("rule", self.domain, path.iter().copied()),
+            shared: shares.join(", ").into(),
         });
         Some(self.rules.len() - 1)
     }

@@ -1597,3 +1597,52 @@ fn restarted_counters_ignores_new_domains_and_lists_unlimited_changes() {
     assert_eq!(new.restarted_counters(&old), lines(&["d.a: 5 per second (fixed_window) -> unlimited"]));
     assert_eq!(old.restarted_counters(&new), lines(&["d.a: unlimited -> 5 per second (fixed_window)"]));
 }
+
+/// Regression: rules were paired by their path text, and key `a_b` has the same text as key `a`
+/// with value `b`, so an unchanged table listed a restart between the two.
+#[test]
+fn restarted_counters_pairs_rules_by_key_and_value_not_by_path_text() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    value: b
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: a_b
+    rate_limit: {unit: minute, requests_per_unit: 20}
+";
+    assert_eq!(table(text).restarted_counters(&table(text)), Vec::<String>::new());
+    let changed = text.replace("requests_per_unit: 20", "requests_per_unit: 5");
+    assert_eq!(
+        table(&changed).restarted_counters(&table(text)),
+        lines(&["d.a_b: 20 per minute (fixed_window) -> 5 per minute (fixed_window)"])
+    );
+}
+
+/// Turning `share_threshold` on or off changes which values share a counter: every counter of
+/// the rule starts afresh, and the change is listed.
+#[test]
+fn restarted_counters_lists_share_threshold_changes_along_the_path() {
+    let shared = "domain: d
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: route
+    value: api/*
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    let separate = shared.replace("share_threshold: true", "share_threshold: false");
+    assert_eq!(
+        table(&separate).restarted_counters(&table(shared)),
+        lines(&[
+            "d.files_files/*: 2 per hour (fixed_window), shared by `files_files/*` -> 2 per hour (fixed_window)",
+            "d.route_api/*.method: 60 per minute (fixed_window), shared by `route_api/*` -> 60 per minute \
+             (fixed_window)",
+        ])
+    );
+    assert_eq!(table(shared).restarted_counters(&table(shared)), Vec::<String>::new());
+}

@@ -11,7 +11,10 @@
 //! 4. then the shadow-mode rules' checks, as a second batch (Runlimit refuses batches that mix
 //!    enforced and shadow policies): they are reported and counted, never enforced. When step
 //!    1 or 2 already found a shadow-mode rule over its limit, that batch would be denied, so,
-//!    as for a batch the limiter shadow-denies, none of it is charged.
+//!    as for a batch the limiter shadow-denies, none of it is charged. A full store denies a
+//!    batch in every mode (Runlimit's storage bounds are never shadowed), but once step 3 has
+//!    charged the enforced rules a denial would break "all or none": the shadow batch's full
+//!    store is then reported as a shadow denial, and the request admitted.
 //!
 //! Two descriptors of one request that reach the same counter (same rule and subject) become
 //! one check costing the sum of their hits.
@@ -248,11 +251,11 @@ where
     }
 
     let charged = !enforced.is_empty();
-    if charged && !admit(limiter, &enforced, &mut verdicts).await? {
+    if charged && !admit(limiter, &enforced, false, &mut verdicts).await? {
         return Ok(verdicts);
     }
     if !shadow.is_empty() && !shadow_denied {
-        match admit(limiter, &shadow, &mut verdicts).await {
+        match admit(limiter, &shadow, charged, &mut verdicts).await {
             Ok(_) => {}
             // The enforced batch is committed: this request's quota was consumed.
             Err(failure) if charged => {
@@ -266,9 +269,15 @@ where
 
 /// Runs one atomic batch and records its verdicts; `false` when it was denied under
 /// enforcement (a quota denial of an enforced batch, or a storage-capacity denial of either).
+///
+/// `after_commit`: the request's enforced batch is already committed (this is its shadow
+/// batch). A full store then cannot deny the request any more without breaking "all or
+/// none" (the enforced rules were charged), so it is reported as a shadow denial instead,
+/// with its reason: the request is admitted, as its enforced rules decided.
 async fn admit<P, L>(
     limiter: &L,
     counters: &[Counter<'_, P>],
+    after_commit: bool,
     verdicts: &mut [Verdict],
 ) -> Result<bool, BackendFailure>
 where
@@ -302,12 +311,13 @@ where
                     Exhaustion::StorageCapacity { retry_after: *retry_after }
                 }
             };
+            let enforced = !(after_commit && matches!(reason, Exhaustion::StorageCapacity { .. }));
             if let Some(counter) = counters.get(index) {
                 for &charge in &counter.charges {
-                    verdicts[charge] = Verdict::Exhausted { enforced: true, reason };
+                    verdicts[charge] = Verdict::Exhausted { enforced, reason };
                 }
             }
-            Ok(false)
+            Ok(!enforced)
         }
         BatchDecisionView::ShadowDenied { index, denial, .. } => {
             if let Some(counter) = counters.get(index) {

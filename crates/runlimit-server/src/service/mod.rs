@@ -45,7 +45,8 @@ pub enum BackendErrorMode {
 pub struct ServiceOptions {
     /// Global shadow mode (`--shadow-mode`): every rule is in shadow mode. Over-limit
     /// descriptors are reported (`OVER_LIMIT` in their status) and counted, but the overall
-    /// code is `OK` and nothing is consumed by a request that would have been denied.
+    /// code is `OK` and nothing is consumed by a request that would have been denied. Storage
+    /// bounds are not shadowed: a new key for a full store is still denied (`OVER_LIMIT`).
     pub shadow_mode: bool,
     /// The response headers to add, if any (`--response-headers`).
     pub response_headers: Option<HeaderFormat>,
@@ -65,6 +66,9 @@ pub struct Service {
 }
 
 struct State {
+    /// Backend failures are logged at most once per [`FAILURE_LOG_INTERVAL`] (an outage fails
+    /// every call); each is counted in the metrics.
+    failure_log: ThrottledLog,
     table: RuleTable,
     limiters: Limiters,
     requests: metrics::RequestCounters,
@@ -95,7 +99,8 @@ impl Service {
         let table = if options.shadow_mode { table.into_shadow() } else { table };
         let limiters = backend.limiters(&table);
         let requests = metrics::RequestCounters::new(&table);
-        Self { state: Arc::new(State { table, limiters, requests, hasher, options }) }
+        let failure_log = ThrottledLog::new(FAILURE_LOG_INTERVAL);
+        Self { state: Arc::new(State { failure_log, table, limiters, requests, hasher, options }) }
     }
 
     /// The rule table.
@@ -193,19 +198,17 @@ impl Service {
     ) -> Result<Vec<Verdict>, BackendFailure> {
         let hasher = &self.state.hasher;
         match (&self.state.limiters, domain.algorithm) {
-            (Limiters::Memory(memory), Algorithm::FixedWindow) => {
-                evaluate::<FixedWindowPolicy, _>(&memory.fixed, hasher, charges).await
-            }
-            (Limiters::Memory(memory), Algorithm::Gcra) => {
-                evaluate::<GcraPolicy, _>(&memory.gcra, hasher, charges).await
+            (Limiters::Memory(memory), algorithm) => {
+                let Some(stores) = memory.get(&*domain.name) else { return Err(no_limiter(domain)) };
+                match algorithm {
+                    Algorithm::FixedWindow => {
+                        evaluate::<FixedWindowPolicy, _>(&stores.fixed, hasher, charges).await
+                    }
+                    Algorithm::Gcra => evaluate::<GcraPolicy, _>(&stores.gcra, hasher, charges).await,
+                }
             }
             (Limiters::Redis(redis), algorithm) => {
-                let Some(limiters) = redis.get(&*domain.name) else {
-                    return Err(BackendFailure {
-                        consumption: ConsumptionStatus::NotConsumed,
-                        message: format!("no Redis limiter for domain {}", domain.name),
-                    });
-                };
+                let Some(limiters) = redis.get(&*domain.name) else { return Err(no_limiter(domain)) };
                 match algorithm {
                     Algorithm::FixedWindow => {
                         evaluate::<FixedWindowPolicy, _>(&limiters.fixed, hasher, charges).await
@@ -228,10 +231,13 @@ impl Service {
             matches!(outcome, Outcome::Limited { verdict: Verdict::Exhausted { enforced: true, .. }, .. })
         });
         for outcome in outcomes {
-            if let Outcome::Limited { rule, verdict: Verdict::Exhausted { enforced: false, reason } } =
-                outcome
-            {
-                metrics::shadow_denial(domain, rule, *reason);
+            if let Outcome::Limited { rule, verdict: Verdict::Exhausted { enforced, reason } } = outcome {
+                if !enforced {
+                    metrics::shadow_denial(domain, rule, *reason);
+                }
+                if matches!(reason, Exhaustion::StorageCapacity { .. }) {
+                    metrics::storage_full(domain);
+                }
             }
         }
         let code = if over_limit { Code::OverLimit } else { Code::Ok };
@@ -259,7 +265,15 @@ impl Service {
             ConsumptionStatus::MayHaveBeenConsumed => "quota may have been consumed",
             ConsumptionStatus::Consumed => "quota was consumed (the enforced rules were charged)",
         };
-        tracing::warn!(domain = &*domain.name, consumption, error = %failure.message, "backend failure");
+        if let Some(suppressed) = self.state.failure_log.due() {
+            tracing::warn!(
+                domain = &*domain.name,
+                consumption,
+                error = %failure.message,
+                similar_failures_not_logged = suppressed,
+                "backend failure"
+            );
+        }
         let code = match self.state.options.on_backend_error {
             BackendErrorMode::Unavailable => {
                 return Err(Status::unavailable(format!(
@@ -290,6 +304,50 @@ impl Service {
     }
 }
 
+/// How often a backend failure is logged at most.
+const FAILURE_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Lets an event through at most once per interval and counts the ones held back.
+///
+/// Written here rather than taken from a log-throttling crate: it is one mutex around an
+/// instant and a count, and `tracing` has no rate limit of its own.
+struct ThrottledLog {
+    interval: std::time::Duration,
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl ThrottledLog {
+    fn new(interval: std::time::Duration) -> Self {
+        Self { interval, state: std::sync::Mutex::new((None, 0)) }
+    }
+
+    /// `Some(events held back since the last one let through)` when this event is due.
+    fn due(&self) -> Option<u64> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        match state.0 {
+            Some(last) if now.duration_since(last) < self.interval => {
+                state.1 += 1;
+                None
+            }
+            _ => {
+                let held_back = state.1;
+                *state = (Some(now), 0);
+                Some(held_back)
+            }
+        }
+    }
+}
+
+/// A domain of the table without limiters: never expected (the limiters are built from the
+/// same table), reported as a failure that consumed nothing.
+fn no_limiter(domain: &Domain) -> BackendFailure {
+    BackendFailure {
+        consumption: ConsumptionStatus::NotConsumed,
+        message: format!("no limiter for domain {}", domain.name),
+    }
+}
+
 /// The rules of the request's limit overrides, by descriptor index: `requests_per_unit` per
 /// `unit` of the domain's algorithm (GCRA with a burst of `requests_per_unit`), counted per
 /// domain, entry keys and limit, and per entry values.
@@ -301,12 +359,16 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
         let Some(unit) = request::override_unit(limit.unit) else { continue };
         let keys = descriptor.entries.iter().map(|entry| (entry.key.as_str(), None));
         let id = policy_id("override", &domain.name, keys);
-        let mut path = domain.name.to_string();
+        // The header name lists the entry keys (`domain.key1.key2 (override)`); the rule's path,
+        // which metrics and logs show, is one fixed text per domain, so no request can add a
+        // metric series.
+        let mut keys_path = domain.name.to_string();
         for entry in &descriptor.entries {
-            path.push('.');
-            path.push_str(&entry.key);
+            keys_path.push('.');
+            keys_path.push_str(&entry.key);
         }
-        path.push_str(" (override)");
+        keys_path.push_str(" (override)");
+        let path = format!("{}.(override)", domain.name);
         let policy = if limit.requests_per_unit == 0 {
             None
         } else {
@@ -314,7 +376,7 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
                 .ok()
                 .map(|policy| if shadow { policy.with_quota_mode(QuotaMode::Shadow) } else { policy })
         };
-        let header_name = runlimit_http::draft_11::PolicyName::new(&path)
+        let header_name = runlimit_http::draft_11::PolicyName::new(&keys_path)
             .unwrap_or_else(|_| runlimit_http::draft_11::PolicyName::from(&id));
         rules.insert(
             index,
@@ -325,6 +387,8 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
                 quota: Quota::Limited { requests_per_unit: limit.requests_per_unit, unit, policy },
                 shadow,
                 header_name,
+                identity: id,
+                shared: "".into(),
             },
         );
     }
@@ -338,5 +402,23 @@ impl RateLimitService for Service {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         Self::should_rate_limit(self, request.get_ref()).await.map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ThrottledLog;
+
+    #[test]
+    fn a_throttled_log_lets_one_event_through_per_interval_and_counts_the_rest() {
+        let log = ThrottledLog::new(Duration::from_millis(200));
+        assert_eq!(log.due(), Some(0));
+        assert_eq!(log.due(), None);
+        assert_eq!(log.due(), None);
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(log.due(), Some(2));
+        assert_eq!(log.due(), None);
     }
 }
