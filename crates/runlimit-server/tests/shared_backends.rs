@@ -19,7 +19,7 @@ mod support;
 
 use std::{fmt::Write as _, ops::RangeInclusive, time::Instant};
 
-use backends::{OwnRedis, RedisKeys, TestDatabase, redis_url, unique_prefix};
+use backends::{OwnCluster, OwnRedis, RedisKeys, TestDatabase, redis_url, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, rate_limit::Unit},
@@ -217,6 +217,38 @@ async fn on_redis_a_request_over_the_per_user_limit_leaves_the_broad_counter_unt
     assert!(written.iter().all(|key| key.starts_with(&tag)), "{tag} {written:?}");
     assert_eq!(keys.delete(), written.len());
     assert_eq!(keys.all(), Vec::<String>::new());
+}
+
+/// On a Redis Cluster every domain's keys share its hash tag, so each request is one script on
+/// the node owning that slot: the atomic scenario holds there, for two domains, and each
+/// domain's keys are all on one node.
+#[tokio::test]
+#[ignore = "needs redis-server and redis-cli on PATH (starts a Redis Cluster of its own)"]
+async fn on_a_redis_cluster_each_domain_is_one_slot_and_requests_stay_atomic() {
+    let cluster = OwnCluster::start();
+    let prefix = "rls-cluster";
+    let backend = redis_backend(&cluster.url(0), prefix).await;
+    let web = FIXED.replace("domain: api", "domain: web");
+    for (rules, domain) in [(FIXED, "api"), (web.as_str(), "web")] {
+        scenario(&backend, rules, domain, &FIXED_RESETS).await;
+        // The tag between the braces decides the slot; only that slot's node holds keys of it.
+        let tag = domain_tag(prefix, domain);
+        let inner = &tag[1..tag.len() - 2];
+        let slot: u16 = cluster.cli(cluster.ports[0], &["CLUSTER", "KEYSLOT", inner]).parse().unwrap();
+        let pattern = format!("{{{inner}}}*");
+        let holders: Vec<(u16, usize)> = cluster
+            .ports
+            .iter()
+            .map(|port| {
+                let keys = cluster.cli(*port, &["--scan", "--pattern", &pattern]);
+                (*port, keys.lines().filter(|line| !line.is_empty()).count())
+            })
+            .filter(|(_, count)| *count > 0)
+            .collect();
+        assert_eq!(holders.len(), 1, "domain {domain} (slot {slot}): keys on {holders:?}");
+        let owner = cluster.cli(holders[0].0, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]);
+        assert_eq!(owner.parse::<usize>().unwrap(), holders[0].1, "domain {domain}: all keys in slot {slot}");
+    }
 }
 
 #[tokio::test]

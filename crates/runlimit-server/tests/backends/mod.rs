@@ -566,3 +566,78 @@ pub fn http_get(address: SocketAddr, path: &str) -> (String, String) {
     let status = head.lines().next().unwrap_or_default().to_owned();
     (status, body.to_owned())
 }
+
+/// A three-primary Redis Cluster of the test's own on loopback ports (no replicas, nothing
+/// persisted), stopped when dropped.
+pub struct OwnCluster {
+    pub ports: Vec<u16>,
+    servers: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl OwnCluster {
+    /// Starts the three nodes, joins them (`redis-cli --cluster create`) and waits (at most
+    /// 30 s) for `cluster_state:ok` on each.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let servers = ports
+            .iter()
+            .map(|port| {
+                let config = dir.path().join(format!("nodes-{port}.conf"));
+                Command::new("redis-server")
+                    .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
+                    .args(["--cluster-config-file", config.to_str().unwrap()])
+                    .args(["--save", "", "--appendonly", "no", "--dir", dir.path().to_str().unwrap()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server on PATH")
+            })
+            .collect();
+        let cluster = Self { ports, servers, dir };
+        for port in &cluster.ports {
+            cluster.wait(*port, &["PING"], "PONG");
+        }
+        let mut create = Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        for port in &cluster.ports {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        let output = create.args(["--cluster-replicas", "0", "--cluster-yes"]).output().unwrap();
+        assert!(output.status.success(), "cluster create: {}", String::from_utf8_lossy(&output.stdout));
+        for port in &cluster.ports {
+            cluster.wait(*port, &["CLUSTER", "INFO"], "cluster_state:ok");
+        }
+        cluster
+    }
+
+    /// The URL of node `index`.
+    pub fn url(&self, index: usize) -> String {
+        format!("redis://127.0.0.1:{}", self.ports[index])
+    }
+
+    /// `redis-cli -p PORT ARGS...`'s output, trimmed.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let output = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().unwrap();
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    fn wait(&self, port: u16, args: &[&str], expected: &str) {
+        let started = std::time::Instant::now();
+        while !self.cli(port, args).contains(expected) {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "node {port}: no {expected}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        let _ = &self.dir;
+    }
+}
