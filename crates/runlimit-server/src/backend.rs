@@ -94,6 +94,8 @@ impl MemoryBackend {
 pub(crate) struct PostgresLimiters {
     pub(crate) fixed: PostgresLimiter,
     pub(crate) gcra: PostgresGcraLimiter,
+    /// For the readiness probe.
+    pool: sqlx::PgPool,
 }
 
 #[derive(Clone, Debug)]
@@ -199,7 +201,8 @@ impl Backend {
     pub fn postgres(pool: sqlx::PgPool, config: PostgresConfig) -> Self {
         let limiters = PostgresLimiters {
             fixed: PostgresLimiter::new(pool.clone()).with_config(config),
-            gcra: PostgresGcraLimiter::new(pool).with_config(config),
+            gcra: PostgresGcraLimiter::new(pool.clone()).with_config(config),
+            pool,
         };
         Self { kind: Kind::Postgres(Arc::new(limiters)) }
     }
@@ -223,6 +226,27 @@ impl Backend {
                 limiters.fixed.migrate().await.map_err(|source| BackendError::Migrate { source })?;
                 limiters.gcra.migrate().await.map_err(|source| BackendError::Migrate { source })
             }
+        }
+    }
+
+    /// The readiness probe: whether the backend can admit now, and why not. In memory,
+    /// always. On Redis, [`prepare`](Self::prepare) again: the server answers, is Redis 7 or
+    /// newer, still has `maxmemory-policy noeviction` (a server switched to an evicting policy
+    /// would silently reset limits), and holds the scripts. On PostgreSQL, `SELECT 1` through
+    /// the pool.
+    ///
+    /// # Errors
+    ///
+    /// The reason, as one line of text.
+    pub async fn probe(&self) -> Result<(), String> {
+        match &self.kind {
+            Kind::Memory(_) => Ok(()),
+            Kind::Redis { .. } => self.prepare().await.map_err(|error| crate::error_chain(&error)),
+            Kind::Postgres(limiters) => sqlx::query("SELECT 1")
+                .execute(&limiters.pool)
+                .await
+                .map(|_| ())
+                .map_err(|error| format!("PostgreSQL does not answer: {}", crate::error_chain(&error))),
         }
     }
 

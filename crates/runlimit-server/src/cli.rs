@@ -145,6 +145,44 @@ pub struct Args {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub cleanup_interval_secs: u64,
+
+    /// Seconds between reads of the rule files, which are reloaded when they changed (besides
+    /// file-system events and SIGHUP; polling finds changes on file systems that send no
+    /// events).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "RUNLIMIT_CONFIG_POLL_INTERVAL_SECS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub config_poll_interval_secs: u64,
+
+    /// Seconds between readiness probes of the backend (Redis: reachable, Redis 7, still
+    /// maxmemory-policy noeviction; PostgreSQL: answers), reported by GET /healthcheck and the
+    /// gRPC health service.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "RUNLIMIT_PROBE_INTERVAL_SECS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..=3_600)
+    )]
+    pub probe_interval_secs: u64,
+
+    /// Log format on stderr: text (one human-readable line per event) or json (one JSON
+    /// object per line). The level comes from RUST_LOG (default info).
+    #[arg(long, value_name = "FORMAT", env = "RUNLIMIT_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// A subcommand.
@@ -224,6 +262,9 @@ impl fmt::Debug for Args {
             .field("memory_shards", &self.memory_shards)
             .field("database_max_connections", &self.database_max_connections)
             .field("cleanup_interval_secs", &self.cleanup_interval_secs)
+            .field("config_poll_interval_secs", &self.config_poll_interval_secs)
+            .field("probe_interval_secs", &self.probe_interval_secs)
+            .field("log_format", &self.log_format)
             .finish()
     }
 }

@@ -63,8 +63,12 @@
 mod backend;
 mod cli;
 mod config;
+mod health;
+mod http;
+mod json;
 mod matcher;
 mod metrics;
+mod reload;
 mod secret;
 mod server;
 mod service;
@@ -72,7 +76,7 @@ mod service;
 use std::{path::Path, process::ExitCode};
 
 pub use crate::backend::{Backend, BackendError, MAX_REDIS_KEY_PREFIX_LEN};
-pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg};
+pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg, LogFormat};
 pub use crate::config::{Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, RuleTable, Unit};
 pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher};
 pub use crate::server::{
@@ -94,16 +98,20 @@ pub use crate::service::{
 /// Every [`RunError`] variant, each at the step its documentation names.
 pub async fn run(args: &Args) -> Result<(), RunError> {
     let metrics = install_metrics();
+    // Installed first: a SIGTERM during startup stops the process cleanly, not by the
+    // signal's default action.
+    let shutdown = shutdown_signal();
     let server = Server::bind(args, metrics).await?;
     let bind_error = |option, address, source| RunError::Bind { option, address, source };
     let grpc = server.grpc_addr().map_err(|source| bind_error("--grpc-addr", args.grpc_addr, source))?;
     let http = server.http_addr().map_err(|source| bind_error("--http-addr", args.http_addr, source))?;
-    // The signal handlers go in before the announcement: a supervisor that signals as soon as
-    // it reads the listening lines gets a graceful stop, not the signal's default action.
-    let shutdown = shutdown_signal();
-    announce(grpc, http)?;
-    tracing::info!(%grpc, %http, "serving");
-    server.serve(shutdown).await
+    server
+        .serve_with(shutdown, move || {
+            announce(grpc, http)?;
+            tracing::info!(%grpc, %http, "listening");
+            Ok(())
+        })
+        .await
 }
 
 /// `runlimit-server check-config PATH [--previous OLD]`: validates the rule files at `path`.
@@ -151,12 +159,16 @@ pub fn check_config(path: &Path, previous: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Installs the stderr `tracing` subscriber: `RUST_LOG` filter directives, `info` when unset
-/// or invalid. Does nothing if a global subscriber is already installed.
-pub fn init_tracing() {
+/// Installs the stderr `tracing` subscriber in `format`: `RUST_LOG` filter directives, `info`
+/// when unset or invalid. Does nothing if a global subscriber is already installed.
+pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// `error` and its chain of sources as one line, `a: b: c`, each text said once.

@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     if let Some(runlimit_server::Command::CheckConfig { path, previous }) = &args.command {
         return runlimit_server::check_config(path, previous.as_deref());
     }
-    runlimit_server::init_tracing();
+    runlimit_server::init_tracing(args.log_format);
     match runlimit_server::run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -26,6 +26,13 @@ pub(crate) const REQUESTS: &str = "runlimit_server_requests_total";
 /// `storage_capacity` for a full store after the request's enforced rules were charged). A
 /// limit override's `rule` is `DOMAIN.(override)`.
 pub(crate) const SHADOW_DENIALS: &str = "runlimit_server_shadow_denials_total";
+/// `runlimit_server_config_reloads_total{result}`: reloads of the rule files that put a new
+/// table in force (`result="success"`) or were refused (`result="failure"`; the same refused
+/// files are counted once, not on every poll).
+pub(crate) const CONFIG_RELOADS: &str = "runlimit_server_config_reloads_total";
+/// `runlimit_server_config_age_seconds`: seconds since the rules in force were loaded, as of
+/// the scrape.
+pub(crate) const CONFIG_AGE: &str = "runlimit_server_config_age_seconds";
 /// `runlimit_server_storage_full_total{domain}`: descriptors denied (or, in a shadow-mode
 /// batch after the enforced rules were charged, reported) because their store was full: a new
 /// key found its shard at its bound.
@@ -45,6 +52,16 @@ pub(crate) fn describe() {
     metrics::describe_counter!(
         BACKEND_FAILURES,
         "Calls whose backend failed, by domain and consumption certainty"
+    );
+    metrics::describe_counter!(
+        STORAGE_FULL,
+        "Descriptors whose new key found its storage shard full, by domain"
+    );
+    metrics::describe_counter!(CONFIG_RELOADS, "Reloads of the rule files, by result (success, failure)");
+    metrics::describe_gauge!(
+        CONFIG_AGE,
+        metrics::Unit::Seconds,
+        "Seconds since the rules in force were loaded"
     );
 }
 
@@ -83,6 +100,16 @@ pub(crate) fn shadow_denial(domain: &Domain, rule: &Rule, reason: Exhaustion) {
         "reason" => reason_label(reason),
     )
     .increment(1);
+}
+
+pub(crate) fn config_reloaded(success: bool) {
+    counter!(CONFIG_RELOADS, "result" => if success { "success" } else { "failure" }).increment(1);
+}
+
+/// Sets the config age gauge to the time since `loaded_at` (called when rendering a scrape).
+pub(crate) fn set_config_age(loaded_at: std::time::SystemTime) {
+    let age = std::time::SystemTime::now().duration_since(loaded_at).unwrap_or_default();
+    metrics::gauge!(CONFIG_AGE).set(age.as_secs_f64());
 }
 
 pub(crate) fn storage_full(domain: &Domain) {

@@ -8,9 +8,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{
-    Router, extract::State, http::StatusCode, response::IntoResponse, routing::get, serve::ListenerExt as _,
-};
+use axum::serve::ListenerExt as _;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use runlimit_memory::{MemoryStoreConfig, MemoryStoreConfigError};
@@ -27,7 +25,8 @@ use crate::{
     backend::{Backend, BackendError},
     cli::Args,
     config::{ConfigErrors, RuleTable},
-    metrics,
+    health::Health,
+    http, metrics,
     secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher},
     service::{Service, ServiceOptions},
 };
@@ -196,7 +195,7 @@ pub enum RunError {
     },
 }
 
-/// A server with its rules loaded, its backend prepared and both listeners bound, ready to
+/// A server with its rules loaded, its backend built and both listeners bound, ready to
 /// [`serve`](Self::serve).
 #[derive(Debug)]
 pub struct Server {
@@ -205,18 +204,25 @@ pub struct Server {
     http: TcpListener,
     metrics: Option<PrometheusHandle>,
     cleanup_interval: Duration,
+    probe_interval: Duration,
+    /// The rule files to reload, and how often to poll them.
+    reload: Option<(PathBuf, Duration)>,
+    health: Health,
 }
 
 impl Server {
-    /// Loads the rules of `args.config`, builds the key hasher and the backend (connecting
-    /// and preparing Redis or PostgreSQL), and binds `args.grpc_addr` and `args.http_addr`.
+    /// Loads the rules of `args.config`, builds the key hasher and the backend (checking that
+    /// PostgreSQL answers), and binds `args.grpc_addr` and `args.http_addr`. The backend is
+    /// prepared (Redis checked, PostgreSQL migrated) by [`serve`](Self::serve), which reports
+    /// not-ready until then.
     ///
     /// `metrics` renders `GET /metrics`; without it that route answers 404.
     ///
     /// # Errors
     ///
-    /// Every [`RunError`] variant but `Announce`, `Grpc` and `Http`, each at the step its
-    /// documentation names.
+    /// Every [`RunError`] variant but `Announce`, `Grpc`, `Http`, `RedisConnect`,
+    /// `RedisUnsuitable` and `Backend` for PostgreSQL's migrations (which `serve` returns),
+    /// each at the step its documentation names.
     pub async fn bind(args: &Args, metrics: Option<PrometheusHandle>) -> Result<Self, RunError> {
         let config = args.config.clone().unwrap_or_else(|| PathBuf::from("."));
         let table = RuleTable::load(&config).map_err(|errors| RunError::Config { errors })?;
@@ -236,25 +242,30 @@ impl Server {
         };
         let (domains, rules) = (table.domain_count(), table.rule_count());
         let service = Service::new(table, &backend, hasher, options);
+        // Calls wait for the backend: `serve` prepares it, then marks the service ready.
+        service.set_ready(false);
         tracing::info!(
             config = %config.display(),
             domains,
             rules,
             backend = backend.name(),
             shadow_mode = args.shadow_mode,
-            "rules loaded and backend ready"
+            "rules loaded"
         );
         let server = Self::with_service(service, args.grpc_addr, args.http_addr).await?;
         Ok(Self {
             metrics,
             cleanup_interval: Duration::from_secs(args.cleanup_interval_secs.max(1)),
+            probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
+            reload: Some((config, Duration::from_secs(args.config_poll_interval_secs.max(1)))),
             ..server
         })
     }
 
     /// A server for `service`, with both listeners bound: what [`bind`](Self::bind) does once
     /// the service is built, for embedders and tests that build their own. `GET /metrics`
-    /// answers 404 and shared storage is cleaned every 60 s.
+    /// answers 404, the rule files are not reloaded, the backend's readiness is probed every
+    /// 5 s and shared storage is cleaned every 60 s.
     ///
     /// # Errors
     ///
@@ -266,13 +277,35 @@ impl Server {
     ) -> Result<Self, RunError> {
         let grpc = bind("--grpc-addr", grpc_addr).await?;
         let http = bind("--http-addr", http_addr).await?;
-        Ok(Self { service, grpc, http, metrics: None, cleanup_interval: Duration::from_secs(60) })
+        Ok(Self {
+            service,
+            grpc,
+            http,
+            metrics: None,
+            cleanup_interval: Duration::from_secs(60),
+            probe_interval: Duration::from_secs(5),
+            reload: None,
+            health: Health::default(),
+        })
     }
 
     /// The same server rendering `handle` on `GET /metrics` (see [`install_metrics`]).
     #[must_use]
     pub fn with_metrics(self, handle: PrometheusHandle) -> Self {
         Self { metrics: Some(handle), ..self }
+    }
+
+    /// The same server reloading the rules from `path` (a file or a directory, as
+    /// [`RuleTable::load`] reads it) on file-system events, every `poll` and on SIGHUP.
+    #[must_use]
+    pub fn with_reload(self, path: PathBuf, poll: Duration) -> Self {
+        Self { reload: Some((path, poll)), ..self }
+    }
+
+    /// The same server probing the backend's readiness every `interval` (at least 1 ms).
+    #[must_use]
+    pub fn with_probe_interval(self, interval: Duration) -> Self {
+        Self { probe_interval: interval.max(Duration::from_millis(1)), ..self }
     }
 
     /// The bound gRPC address.
@@ -299,74 +332,105 @@ impl Server {
         &self.service
     }
 
-    /// Serves gRPC (`RateLimitService` and `grpc.health.v1.Health`) and HTTP
-    /// (`GET /healthcheck`, `GET /metrics`) until `shutdown` completes, then stops accepting,
-    /// lets in-flight calls finish (for at most [`SHUTDOWN_GRACE`]) and returns. Runs the
-    /// periodic cleanup of shared storage meanwhile.
+    /// [`serve_with`](Self::serve_with) with nothing to do once ready.
     ///
     /// # Errors
     ///
-    /// [`RunError::Grpc`] or [`RunError::Http`] when a server fails.
+    /// As [`serve_with`](Self::serve_with).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RunError> {
-        let (reporter, health) = tonic_health::server::health_reporter();
-        reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+        self.serve_with(shutdown, || Ok(())).await
+    }
+
+    /// Serves gRPC (`RateLimitService` and `grpc.health.v1.Health`) and HTTP
+    /// (`GET /healthcheck`, `POST /json`, `GET /metrics`, `GET /rlconfig`) until `shutdown`
+    /// completes.
+    ///
+    /// Both listeners serve at once, reporting not-ready (`503`, `NOT_SERVING`, calls refused
+    /// `UNAVAILABLE`) while the backend is prepared; then the service is ready and `ready`
+    /// runs (the binary prints its listening lines there). Meanwhile: the backend's readiness
+    /// probe, the periodic cleanup of shared storage and, when configured, the reloading of
+    /// the rule files. On `shutdown`: `NOT_SERVING`, no new connections, in-flight calls
+    /// finish (for at most [`SHUTDOWN_GRACE`]), and it returns.
+    ///
+    /// # Errors
+    ///
+    /// The backend's preparation failure ([`RunError::RedisConnect`],
+    /// [`RunError::RedisUnsuitable`], [`RunError::Backend`]), `ready`'s error, or
+    /// [`RunError::Grpc`] / [`RunError::Http`] when a server fails.
+    pub async fn serve_with(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        ready: impl FnOnce() -> Result<(), RunError> + Send,
+    ) -> Result<(), RunError> {
+        // Installed before anything else: SIGHUP's default action ends the process.
+        let hangup = self.reload.as_ref().map(|_| crate::reload::hangup_signal());
+        let Self { service, grpc, http, metrics, cleanup_interval, probe_interval, reload, health } = self;
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let grpc_stop = stopped.clone();
         let grpc = tonic::transport::Server::builder()
             // Bounds what one connection can hold at once (tonic's default is unbounded): Envoy
             // opens more connections rather than queue when a connection is at its limit.
             .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
-            .add_service(health)
-            .add_service(RateLimitServiceServer::new(self.service.clone()))
+            .add_service(health_service)
+            .add_service(RateLimitServiceServer::new(service.clone()))
             // TCP_NODELAY: a small response must not wait for the peer's delayed ACK (tonic sets it
             // only for the listeners it binds itself; measured: ~0.3 % of calls stalled 40 ms).
             .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.grpc).with_nodelay(Some(true)),
-                wait(grpc_stop),
+                TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                wait(stopped.clone()),
             );
-        let router = Router::new()
-            .route("/healthcheck", get(healthcheck))
-            .route("/metrics", get(metrics_text))
-            .with_state(self.metrics.clone());
-        let http = self.http.tap_io(|stream| {
+        let app = http::AppState { service: service.clone(), health: health.clone(), metrics };
+        let listener = http.tap_io(|stream| {
             let _ = stream.set_nodelay(true);
         });
-        let http = axum::serve(http, router).with_graceful_shutdown(wait(stopped.clone()));
-        let limiters = self.service.limiters().clone();
-        let interval = self.cleanup_interval;
-        let cleanup = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                let removed = limiters.cleanup_expired(CLEANUP_BATCH).await;
-                tracing::debug!(removed, "cleanup of expired counters");
+        let http = axum::serve(listener, http::router(app)).with_graceful_shutdown(wait(stopped.clone()));
+        let servers = tokio::spawn(async move { tokio::join!(grpc, async { http.await }) });
+
+        let started = match service.backend().prepare().await {
+            Ok(()) => {
+                health.set_prepared();
+                service.set_ready(true);
+                reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+                tracing::info!(backend = service.backend().name(), "backend prepared: serving");
+                ready()
             }
-        });
-        let signal = tokio::spawn(async move {
-            shutdown.await;
-            tracing::info!("shutting down: no new connections, finishing in-flight calls");
-            // Health checks on connections still open now see the service going away.
-            reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+            Err(error) => Err(prepare_error(service.backend(), error)),
+        };
+        if let Err(error) = started {
+            health.set_shutting_down();
             let _ = stop.send(true);
-        });
-        let grace = async move {
-            wait(stopped).await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        };
-        let finished = tokio::select! {
-            finished = async { tokio::join!(grpc, async { http.await }) } => Some(finished),
-            () = grace => None,
-        };
-        cleanup.abort();
-        signal.abort();
-        let Some((grpc, http)) = finished else {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, servers).await;
+            return Err(error);
+        }
+
+        let mut tasks = vec![
+            tokio::spawn(probe(service.clone(), health.clone(), reporter.clone(), probe_interval)),
+            tokio::spawn(cleanup(service.clone(), cleanup_interval)),
+        ];
+        if let Some((path, poll)) = reload {
+            let reloader = crate::reload::Reloader::new(path, service.clone(), health.clone());
+            tasks.push(tokio::spawn(reloader.run(poll, hangup.flatten(), stopped.clone())));
+        }
+        shutdown.await;
+        tracing::info!("shutting down: no new connections, finishing in-flight calls");
+        health.set_shutting_down();
+        // Health checks on connections still open now see the service going away.
+        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+        let _ = stop.send(true);
+        let finished = tokio::time::timeout(SHUTDOWN_GRACE, servers).await;
+        for task in tasks {
+            task.abort();
+        }
+        let Ok(finished) = finished else {
             tracing::warn!(
                 grace_secs = SHUTDOWN_GRACE.as_secs(),
                 "stopped with connections still open after the shutdown grace period"
             );
             return Ok(());
         };
+        // A server task that panicked is reported as the failure of its server.
+        let (grpc, http) = finished.map_err(|error| RunError::Http { source: io::Error::other(error) })?;
         grpc.map_err(|source| RunError::Grpc { source })?;
         http.map_err(|source| RunError::Http { source })?;
         tracing::info!("stopped");
@@ -374,18 +438,59 @@ impl Server {
     }
 }
 
+/// Probes the backend every `interval`; on every change, logs one line and updates the
+/// health reports.
+async fn probe(
+    service: Service,
+    health: Health,
+    reporter: tonic_health::server::HealthReporter,
+    interval: Duration,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let problem = service.backend().probe().await.err();
+        let failing = problem.clone();
+        if health.set_backend(problem) {
+            match failing {
+                Some(reason) => {
+                    tracing::error!(backend = service.backend().name(), %reason, "backend not ready");
+                    reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+                }
+                None => {
+                    tracing::info!(backend = service.backend().name(), "backend ready again");
+                    reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+                }
+            }
+        }
+    }
+}
+
+/// Cleans expired counters of the rules in force every `interval`.
+async fn cleanup(service: Service, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let removed = service.limiters().cleanup_expired(CLEANUP_BATCH).await;
+        tracing::debug!(removed, "cleanup of expired counters");
+    }
+}
+
 async fn wait(mut stopped: tokio::sync::watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-async fn healthcheck() -> &'static str {
-    "OK"
-}
-
-async fn metrics_text(State(handle): State<Option<PrometheusHandle>>) -> impl IntoResponse {
-    match handle {
-        Some(handle) => (StatusCode::OK, handle.render()),
-        None => (StatusCode::NOT_FOUND, "no metrics recorder installed\n".to_owned()),
+/// The error a failed preparation of `backend` is reported as.
+fn prepare_error(backend: &Backend, error: BackendError) -> RunError {
+    match error {
+        BackendError::RedisPrepare { address, source: source @ PrepareError::Unreachable(_) } => {
+            RunError::RedisConnect { address, source }
+        }
+        BackendError::RedisPrepare { address, source } => RunError::RedisUnsuitable { address, source },
+        source => RunError::Backend { backend: backend.name(), source },
     }
 }
 
@@ -393,7 +498,7 @@ async fn bind(option: &'static str, address: SocketAddr) -> Result<TcpListener, 
     TcpListener::bind(address).await.map_err(|source| RunError::Bind { option, address, source })
 }
 
-/// Builds and prepares the backend `args` selects.
+/// Builds the backend `args` selects (not prepared yet: [`Server::serve_with`] prepares it).
 async fn backend(args: &Args) -> Result<Backend, RunError> {
     if let Some(url) = &args.redis_url {
         // runlimit-redis' own refusal would quote its bound (64 bytes), not this server's (47).
@@ -405,20 +510,10 @@ async fn backend(args: &Args) -> Result<Backend, RunError> {
             .with_key_prefix(prefix)
             .with_maximum_keys_per_shard(args.redis_max_keys_per_shard)
             .map_err(|source| RunError::RedisConfig { source })?;
-        let backend = Backend::redis(url, &config).map_err(|source| match source {
+        return Backend::redis(url, &config).map_err(|source| match source {
             BackendError::RedisUrl { source } => RunError::RedisUrl { source },
             source => RunError::Backend { backend: "redis", source },
-        })?;
-        return match backend.prepare().await {
-            Ok(()) => Ok(backend),
-            Err(BackendError::RedisPrepare { address, source: source @ PrepareError::Unreachable(_) }) => {
-                Err(RunError::RedisConnect { address, source })
-            }
-            Err(BackendError::RedisPrepare { address, source }) => {
-                Err(RunError::RedisUnsuitable { address, source })
-            }
-            Err(source) => Err(RunError::Backend { backend: "redis", source }),
-        };
+        });
     }
     if let Some(url) = &args.database_url {
         // SQLx reads any URL's host, port, user and database, whatever its scheme: without this
@@ -453,9 +548,7 @@ async fn backend(args: &Args) -> Result<Backend, RunError> {
             .max_connections(args.database_max_connections)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
-        let backend = Backend::postgres(pool, PostgresConfig::default());
-        backend.prepare().await.map_err(|source| RunError::Backend { backend: "postgres", source })?;
-        return Ok(backend);
+        return Ok(Backend::postgres(pool, PostgresConfig::default()));
     }
     let config = MemoryStoreConfig::new(args.memory_max_keys)
         .and_then(|config| config.with_shard_count(args.memory_shards))

@@ -48,7 +48,10 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> (String, String)
 async fn http_healthcheck_answers_ok_and_metrics_without_a_recorder_is_absent() {
     let (backend, _clock) = memory();
     let server = TestServer::start(RULES, &backend, ServiceOptions::default()).await;
-    assert_eq!(http_get(server.http, "/healthcheck").await, ("HTTP/1.1 200 OK".to_owned(), "OK".to_owned()));
+    assert_eq!(
+        http_get(server.http, "/healthcheck").await,
+        ("HTTP/1.1 200 OK".to_owned(), "OK\n".to_owned())
+    );
     assert_eq!(
         http_get(server.http, "/metrics").await,
         ("HTTP/1.1 404 Not Found".to_owned(), "no metrics recorder installed\n".to_owned())

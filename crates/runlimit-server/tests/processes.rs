@@ -334,7 +334,7 @@ async fn the_http_listener_answers_healthcheck_and_metrics() {
         .into_inner();
     assert_eq!(overall(&response), Code::Ok);
     let (status, body) = http_get(process.http, "/healthcheck");
-    assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "OK"));
+    assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "OK\n"));
     let denied = client
         .should_rate_limit(request("shared", &[&[("client", "192.0.2.4")], &[("client", "192.0.2.4")]]))
         .await
@@ -761,7 +761,7 @@ fn a_missing_config_is_a_usage_error() {
 }
 
 /// Every environment variable the server reads, in `--help`.
-const ENVIRONMENT: [&str; 17] = [
+const ENVIRONMENT: [&str; 20] = [
     "RUNLIMIT_CONFIG",
     "RUNLIMIT_GRPC_ADDR",
     "RUNLIMIT_HTTP_ADDR",
@@ -778,6 +778,9 @@ const ENVIRONMENT: [&str; 17] = [
     "RUNLIMIT_MEMORY_SHARDS",
     "RUNLIMIT_DATABASE_MAX_CONNECTIONS",
     "RUNLIMIT_CLEANUP_INTERVAL_SECS",
+    "RUNLIMIT_CONFIG_POLL_INTERVAL_SECS",
+    "RUNLIMIT_PROBE_INTERVAL_SECS",
+    "RUNLIMIT_LOG_FORMAT",
     "RUST_LOG",
 ];
 

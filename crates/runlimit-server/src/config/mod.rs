@@ -251,19 +251,7 @@ impl RuleTable {
     /// ([`ConfigErrorKind::NoRuleFiles`]), and every problem [`from_sources`](Self::from_sources)
     /// reports.
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
-        let files = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
-        let mut sources = Vec::with_capacity(files.len());
-        let mut errors = Vec::new();
-        for file in files {
-            match std::fs::read_to_string(&file) {
-                Ok(text) => sources.push((file, text)),
-                Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(ConfigErrors::new(errors));
-        }
-        Self::from_sources(sources)
+        Self::from_sources(read_sources(path)?)
     }
 
     /// Validates rule files given as `(name, YAML text)` pairs; the name is what errors show.
@@ -338,6 +326,39 @@ impl RuleTable {
             .domains
             .values()
             .flat_map(|domain| domain.rules.iter().map(move |rule| describe_rule(domain, rule)))
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// Every rule with a `rate_limit`, one line each, sorted, in envoyproxy/ratelimit's
+    /// `/rlconfig` form: `PATH: unit=MINUTE requests_per_unit=5, shadow_mode: false`, with
+    /// `, algorithm: gcra, burst: B` for a GCRA rule and `PATH: unlimited, shadow_mode: false`
+    /// for an unlimited one. `shadow_mode` is true under the server's global shadow mode too.
+    #[must_use]
+    pub fn dump(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .domains
+            .values()
+            .flat_map(|domain| domain.rules.iter())
+            .map(|rule| {
+                let mut line = format!("{}: ", rule.path);
+                match &rule.quota {
+                    Quota::Unlimited => line.push_str("unlimited"),
+                    Quota::Limited { requests_per_unit, unit, policy } => {
+                        let _ = write!(
+                            line,
+                            "unit={} requests_per_unit={requests_per_unit}",
+                            unit.name().to_ascii_uppercase()
+                        );
+                        if let Some(RulePolicy::Gcra(gcra)) = policy {
+                            let _ = write!(line, ", algorithm: gcra, burst: {}", gcra.burst_capacity());
+                        }
+                    }
+                }
+                let _ = write!(line, ", shadow_mode: {}", rule.shadow);
+                line
+            })
             .collect();
         lines.sort();
         lines
@@ -426,6 +447,20 @@ fn describe_rule(domain: &Domain, rule: &Rule) -> String {
         line.push_str(" [shadow]");
     }
     line
+}
+
+/// The rule files of `path` (see [`RuleTable::load`]) and their texts, in load order.
+pub(crate) fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, ConfigErrors> {
+    let files = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
+    let mut sources = Vec::with_capacity(files.len());
+    let mut errors = Vec::new();
+    for file in files {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => sources.push((file, text)),
+            Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
+        }
+    }
+    if errors.is_empty() { Ok(sources) } else { Err(ConfigErrors::new(errors)) }
 }
 
 /// The rule files of `path`: itself, or the `*.yaml` / `*.yml` files directly in it.

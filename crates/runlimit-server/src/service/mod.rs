@@ -4,7 +4,16 @@ mod evaluate;
 mod request;
 mod response;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::SystemTime,
+};
+
+use arc_swap::ArcSwap;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
@@ -60,6 +69,12 @@ pub struct ServiceOptions {
 /// Cloning is cheap (the state is shared). Serve it with
 /// `RateLimitServiceServer::new(service)` (`envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server`), or call
 /// [`should_rate_limit`](Self::should_rate_limit) directly.
+///
+/// # Reloading
+///
+/// [`reload`](Self::reload) swaps the rule table atomically: a call evaluates entirely
+/// against the table it started with, old or new, never a mix. Counters belong to the backend,
+/// not to the table, so every rule the new table keeps unchanged keeps its counters exactly.
 #[derive(Clone)]
 pub struct Service {
     state: Arc<State>,
@@ -69,17 +84,36 @@ struct State {
     /// Backend failures are logged at most once per [`FAILURE_LOG_INTERVAL`] (an outage fails
     /// every call); each is counted in the metrics.
     failure_log: ThrottledLog,
-    table: RuleTable,
-    limiters: Limiters,
-    requests: metrics::RequestCounters,
+    /// The rules in force and their limiters, replaced whole by [`Service::reload`].
+    engine: ArcSwap<Engine>,
+    backend: Backend,
     hasher: KeyHasher,
     options: ServiceOptions,
+    /// False while a server prepares the backend: calls are then refused `UNAVAILABLE`.
+    ready: AtomicBool,
+}
+
+/// A rule table with what serving it needs: its limiters and request counters.
+pub(crate) struct Engine {
+    pub(crate) table: Arc<RuleTable>,
+    pub(crate) limiters: Limiters,
+    requests: metrics::RequestCounters,
+    pub(crate) loaded_at: SystemTime,
+}
+
+impl Engine {
+    fn new(table: RuleTable, backend: &Backend, options: &ServiceOptions) -> Self {
+        let table = if options.shadow_mode { table.into_shadow() } else { table };
+        let limiters = backend.limiters(&table);
+        let requests = metrics::RequestCounters::new(&table);
+        Self { table: Arc::new(table), limiters, requests, loaded_at: SystemTime::now() }
+    }
 }
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service")
-            .field("table", &self.state.table)
+            .field("table", &self.state.engine.load().table)
             .field("options", &self.state.options)
             .finish_non_exhaustive()
     }
@@ -96,21 +130,57 @@ impl Service {
     /// [`install_metrics`](crate::install_metrics)).
     #[must_use]
     pub fn new(table: RuleTable, backend: &Backend, hasher: KeyHasher, options: ServiceOptions) -> Self {
-        let table = if options.shadow_mode { table.into_shadow() } else { table };
-        let limiters = backend.limiters(&table);
-        let requests = metrics::RequestCounters::new(&table);
+        let engine = ArcSwap::from_pointee(Engine::new(table, backend, &options));
         let failure_log = ThrottledLog::new(FAILURE_LOG_INTERVAL);
-        Self { state: Arc::new(State { failure_log, table, limiters, requests, hasher, options }) }
+        Self {
+            state: Arc::new(State {
+                failure_log,
+                engine,
+                backend: backend.clone(),
+                hasher,
+                options,
+                ready: AtomicBool::new(true),
+            }),
+        }
     }
 
-    /// The rule table.
+    /// The rule table in force now.
     #[must_use]
-    pub fn table(&self) -> &RuleTable {
-        &self.state.table
+    pub fn table(&self) -> Arc<RuleTable> {
+        Arc::clone(&self.state.engine.load().table)
     }
 
-    pub(crate) fn limiters(&self) -> &Limiters {
-        &self.state.limiters
+    /// When the table in force was loaded.
+    #[must_use]
+    pub fn loaded_at(&self) -> SystemTime {
+        self.state.engine.load().loaded_at
+    }
+
+    /// Puts `table` in force for every call that starts from now on (calls in flight finish
+    /// against the table they started with), with [`ServiceOptions::shadow_mode`] applied as
+    /// at construction. Returns the rules whose counters the change starts afresh, as
+    /// [`RuleTable::restarted_counters`] lists them.
+    pub fn reload(&self, table: RuleTable) -> Vec<String> {
+        let previous = self.state.engine.load_full();
+        let restarted = table.restarted_counters(&previous.table);
+        self.state.engine.store(Arc::new(Engine::new(table, &self.state.backend, &self.state.options)));
+        restarted
+    }
+
+    /// The backend.
+    #[must_use]
+    pub fn backend(&self) -> &Backend {
+        &self.state.backend
+    }
+
+    /// The limiters of the table in force now.
+    pub(crate) fn limiters(&self) -> Limiters {
+        self.state.engine.load().limiters.clone()
+    }
+
+    /// Whether calls are answered (a server clears it while it prepares the backend).
+    pub(crate) fn set_ready(&self, ready: bool) {
+        self.state.ready.store(ready, Ordering::Release);
     }
 
     /// Answers one `ShouldRateLimit` call; see the crate documentation for the semantics.
@@ -125,8 +195,14 @@ impl Service {
     pub async fn should_rate_limit(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         request::validate(request)?;
         let state = &*self.state;
-        let Some(domain) = state.table.domain(&request.domain) else {
-            state.requests.count(None, Code::Ok);
+        if !state.ready.load(Ordering::Acquire) {
+            return Err(Status::unavailable(
+                "not ready: the rate limit backend is being prepared (no quota was consumed)",
+            ));
+        }
+        let engine = state.engine.load_full();
+        let Some(domain) = engine.table.domain(&request.domain) else {
+            engine.requests.count(None, Code::Ok);
             return Ok(RateLimitResponse {
                 overall_code: Code::Ok.into(),
                 statuses: vec![response::status(&Outcome::NoLimit, false); request.descriptors.len()],
@@ -175,11 +251,14 @@ impl Service {
             charge_of.push(charge);
         }
 
-        let verdicts =
-            if charges.is_empty() { Ok(Vec::new()) } else { self.evaluate(domain, &charges).await };
+        let verdicts = if charges.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.evaluate(&engine.limiters, domain, &charges).await
+        };
         let verdicts = match verdicts {
             Ok(verdicts) => verdicts,
-            Err(failure) => return self.backend_failure(domain, &outcomes, failure),
+            Err(failure) => return self.backend_failure(&engine, domain, &outcomes, failure),
         };
         for (outcome, charge) in outcomes.iter_mut().zip(&charge_of) {
             if let (Outcome::Limited { verdict, .. }, Some(charge)) = (outcome, charge)
@@ -188,16 +267,17 @@ impl Service {
                 *verdict = *found;
             }
         }
-        Ok(self.respond(domain, &outcomes))
+        Ok(self.respond(&engine, domain, &outcomes))
     }
 
     async fn evaluate(
         &self,
+        limiters: &Limiters,
         domain: &Domain,
         charges: &[Charge<'_>],
     ) -> Result<Vec<Verdict>, BackendFailure> {
         let hasher = &self.state.hasher;
-        match (&self.state.limiters, domain.algorithm) {
+        match (limiters, domain.algorithm) {
             (Limiters::Memory(memory), algorithm) => {
                 let Some(stores) = memory.get(&*domain.name) else { return Err(no_limiter(domain)) };
                 match algorithm {
@@ -225,7 +305,7 @@ impl Service {
         }
     }
 
-    fn respond(&self, domain: &Domain, outcomes: &[Outcome<'_>]) -> RateLimitResponse {
+    fn respond(&self, engine: &Engine, domain: &Domain, outcomes: &[Outcome<'_>]) -> RateLimitResponse {
         let options = &self.state.options;
         let over_limit = outcomes.iter().any(|outcome| {
             matches!(outcome, Outcome::Limited { verdict: Verdict::Exhausted { enforced: true, .. }, .. })
@@ -241,7 +321,7 @@ impl Service {
             }
         }
         let code = if over_limit { Code::OverLimit } else { Code::Ok };
-        self.state.requests.count(Some(domain), code);
+        engine.requests.count(Some(domain), code);
         RateLimitResponse {
             overall_code: code.into(),
             statuses: outcomes.iter().map(|outcome| response::status(outcome, options.shadow_mode)).collect(),
@@ -255,6 +335,7 @@ impl Service {
 
     fn backend_failure(
         &self,
+        engine: &Engine,
         domain: &Domain,
         outcomes: &[Outcome<'_>],
         failure: BackendFailure,
@@ -284,7 +365,7 @@ impl Service {
             BackendErrorMode::OverLimit => Code::OverLimit,
             BackendErrorMode::Ok => Code::Ok,
         };
-        self.state.requests.count(Some(domain), code);
+        engine.requests.count(Some(domain), code);
         // Failing closed, every limited descriptor reads over its limit (with its rule, and no
         // time to wait: nothing was measured); failing open, nothing was measured either.
         let statuses = outcomes

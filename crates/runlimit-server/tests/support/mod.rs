@@ -67,16 +67,30 @@ impl TestServer {
     pub async fn serve(service: Service) -> Self {
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let server = Server::with_service(service.clone(), loopback, loopback).await.unwrap();
+        Self::run(server).await
+    }
+
+    /// Serves `server` (built by the test, e.g. with reloading) and returns once it is ready.
+    pub async fn run(server: Server) -> Self {
+        let service = server.service().clone();
         let (grpc, http) = (server.grpc_addr().unwrap(), server.http_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
+        let (ready, is_ready) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
-                .serve(async {
-                    let _ = stopped.await;
-                })
+                .serve_with(
+                    async {
+                        let _ = stopped.await;
+                    },
+                    move || {
+                        let _ = ready.send(());
+                        Ok(())
+                    },
+                )
                 .await
                 .unwrap();
         });
+        is_ready.await.expect("the server became ready");
         Self { grpc, http, service, stop: Some(stop), task: Some(task) }
     }
 

@@ -1,0 +1,129 @@
+//! The HTTP listener: `GET /healthcheck`, `POST /json`, `GET /metrics`, `GET /rlconfig`.
+
+use std::{fmt::Write as _, time::SystemTime};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::{
+    health::{Health, Status},
+    json, metrics,
+    service::Service,
+};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) service: Service,
+    pub(crate) health: Health,
+    pub(crate) metrics: Option<PrometheusHandle>,
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", post(json_call))
+        .route("/metrics", get(metrics_text))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(state)
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+fn unix_seconds(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+}
+
+/// `200 OK` while serving (with the problems of a refused reload, if the last one was); `503`
+/// and the reason otherwise: preparing the backend, backend not ready (its readiness probe
+/// failed), or shutting down.
+async fn healthcheck(State(state): State<AppState>) -> Response {
+    match state.health.status() {
+        Status::Serving => {
+            let mut body = "OK\n".to_owned();
+            if let Some(problem) = state.health.config_problem() {
+                let _ = writeln!(
+                    body,
+                    "the last reload was refused (at unix time {}); the rules loaded at unix time {} still serve:\n{}",
+                    unix_seconds(problem.at),
+                    unix_seconds(state.service.loaded_at()),
+                    problem.errors
+                );
+            }
+            text(StatusCode::OK, body)
+        }
+        Status::NotServing(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+/// envoyproxy/ratelimit's JSON form of the call: the proto3 JSON of a `RateLimitRequest` in,
+/// of the `RateLimitResponse` out. `200` for `OK`, `429` for `OVER_LIMIT`, `400` for a body or
+/// request refused (the message names the field), `503` when the backend failed.
+async fn json_call(State(state): State<AppState>, body: Bytes) -> Response {
+    let request = match json::parse_request(&body) {
+        Ok(request) => request,
+        Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+    };
+    match state.service.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code == i32::from(Code::OverLimit) {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, [(header::CONTENT_TYPE, "application/json")], json::render_response(&response))
+                .into_response()
+        }
+        Err(status) => {
+            let code = match status.code() {
+                tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
+                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            text(code, format!("{}\n", status.message()))
+        }
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(handle) => {
+            metrics::set_config_age(state.service.loaded_at());
+            text(StatusCode::OK, handle.render())
+        }
+        None => text(StatusCode::NOT_FOUND, "no metrics recorder installed\n".to_owned()),
+    }
+}
+
+/// The rules in force, as envoyproxy/ratelimit's `/rlconfig` shows them: one line per rule
+/// with a `rate_limit`, sorted, after a header line saying when they were loaded and from
+/// which files, and the problems of a refused reload, if the last one was.
+async fn rlconfig(State(state): State<AppState>) -> Response {
+    let table = state.service.table();
+    let mut body = format!("# loaded at unix time {} from", unix_seconds(state.service.loaded_at()));
+    for file in table.files() {
+        let _ = write!(body, " {}", file.display());
+    }
+    body.push('\n');
+    if let Some(problem) = state.health.config_problem() {
+        let _ = writeln!(body, "# the last reload was refused (at unix time {}):", unix_seconds(problem.at));
+        for line in problem.errors.lines() {
+            let _ = writeln!(body, "#   {line}");
+        }
+    }
+    for line in table.dump() {
+        body.push_str(&line);
+        body.push('\n');
+    }
+    text(StatusCode::OK, body)
+}
