@@ -1,12 +1,13 @@
 //! Where the counters live: process memory, Redis or PostgreSQL.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     fmt::Write as _,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use runlimit_memory::{Clock, GcraStore, MemoryStore, MemoryStoreConfig, SystemClock};
+use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{MigrationError, PostgresConfig, PostgresGcraLimiter, PostgresLimiter};
 use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter};
 use sha2::{Digest as _, Sha256};
@@ -35,6 +36,12 @@ pub const MAX_REDIS_KEY_PREFIX_LEN: usize = 47;
 /// slot, so every request (which names one domain) is one atomic script on one node, and each
 /// domain has its own 256 bounded shards. On PostgreSQL every domain shares the tables and
 /// their bound.
+///
+/// Every limiter records runlimit-metrics' metrics (`runlimit_metrics::MetricsObserver`) into
+/// the `metrics` recorder installed when it first admits, with the `backend` label of
+/// [`name`](Self::name). The shard gauges of a domain's memory or Redis store carry the
+/// `store` label `DOMAIN/fixed_window` or `DOMAIN/gcra`, so each store's shards are series of
+/// their own.
 #[derive(Clone, Debug)]
 pub struct Backend {
     kind: Kind,
@@ -43,16 +50,47 @@ pub struct Backend {
 #[derive(Clone, Debug)]
 enum Kind {
     Memory(Arc<MemoryBackend>),
-    Redis { fixed: RedisLimiter, gcra: RedisGcraLimiter, prefix: String },
+    Redis { fixed: RedisLimiter<MetricsObserver>, gcra: RedisGcraLimiter<MetricsObserver>, prefix: String },
     Postgres(Arc<PostgresLimiters>),
 }
 
 /// The memory stores' clock: the system's, or one the embedder (a test) controls.
 pub(crate) type SharedClock = Arc<dyn Clock>;
 
+/// The `store` label of `domain`'s store of `algorithm`: `DOMAIN/fixed_window` or
+/// `DOMAIN/gcra`.
+///
+/// `MetricsObserver::with_store` takes a `&'static str`, so each name is leaked; each distinct
+/// name is leaked once and memoized for the life of the process, so a reload (which names the
+/// stores of every domain again: the Redis limiters are rebuilt) never leaks it again. Names
+/// come from the rule files only, so the memory leaked is bounded by the domains the process
+/// ever served (two short names each), never by requests.
+fn store_name(domain: &str, algorithm: Algorithm) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let name = format!("{domain}/{}", algorithm.name());
+    // A panic while holding this lock leaves nothing half-updated (one insert).
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(known) = names.get(name.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+/// The observer of a store of `backend` (`memory`, `redis`, `postgres`); with a domain and
+/// algorithm, its shard gauges carry their [`store_name`].
+fn observer(backend: &'static str, store: Option<(&str, Algorithm)>) -> MetricsObserver {
+    let observer = MetricsObserver::new(backend);
+    match store {
+        Some((domain, algorithm)) => observer.with_store(store_name(domain, algorithm)),
+        None => observer,
+    }
+}
+
 pub(crate) struct MemoryLimiters {
-    pub(crate) fixed: MemoryStore<SharedClock>,
-    pub(crate) gcra: GcraStore<SharedClock>,
+    pub(crate) fixed: MemoryStore<SharedClock, MetricsObserver>,
+    pub(crate) gcra: GcraStore<SharedClock, MetricsObserver>,
 }
 
 impl std::fmt::Debug for MemoryLimiters {
@@ -83,8 +121,14 @@ impl MemoryBackend {
         let mut domains = self.domains.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(domains.entry(domain.into()).or_insert_with(|| {
             Arc::new(MemoryLimiters {
-                fixed: MemoryStore::builder(self.config).with_clock(Arc::clone(&self.clock)).build(),
-                gcra: GcraStore::builder(self.config).with_clock(Arc::clone(&self.clock)).build(),
+                fixed: MemoryStore::builder(self.config)
+                    .with_clock(Arc::clone(&self.clock))
+                    .with_observer(observer("memory", Some((domain, Algorithm::FixedWindow))))
+                    .build(),
+                gcra: GcraStore::builder(self.config)
+                    .with_clock(Arc::clone(&self.clock))
+                    .with_observer(observer("memory", Some((domain, Algorithm::Gcra))))
+                    .build(),
             })
         }))
     }
@@ -92,16 +136,16 @@ impl MemoryBackend {
 
 #[derive(Debug)]
 pub(crate) struct PostgresLimiters {
-    pub(crate) fixed: PostgresLimiter,
-    pub(crate) gcra: PostgresGcraLimiter,
+    pub(crate) fixed: PostgresLimiter<MetricsObserver>,
+    pub(crate) gcra: PostgresGcraLimiter<MetricsObserver>,
     /// For the readiness probe.
     pool: sqlx::PgPool,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct RedisDomainLimiters {
-    pub(crate) fixed: RedisLimiter,
-    pub(crate) gcra: RedisGcraLimiter,
+    pub(crate) fixed: RedisLimiter<MetricsObserver>,
+    pub(crate) gcra: RedisGcraLimiter<MetricsObserver>,
     /// The domain's algorithm: the only limiter cleanup has to visit.
     algorithm: Algorithm,
 }
@@ -188,8 +232,8 @@ impl Backend {
         let gcra = RedisGcraLimiter::new(url).map_err(|source| BackendError::RedisUrl { source })?;
         Ok(Self {
             kind: Kind::Redis {
-                fixed: fixed.with_config(config.clone()),
-                gcra: gcra.with_config(config.clone()),
+                fixed: fixed.with_config(config.clone()).with_observer(observer("redis", None)),
+                gcra: gcra.with_config(config.clone()).with_observer(observer("redis", None)),
                 prefix,
             },
         })
@@ -200,8 +244,12 @@ impl Backend {
     #[must_use]
     pub fn postgres(pool: sqlx::PgPool, config: PostgresConfig) -> Self {
         let limiters = PostgresLimiters {
-            fixed: PostgresLimiter::new(pool.clone()).with_config(config),
-            gcra: PostgresGcraLimiter::new(pool.clone()).with_config(config),
+            fixed: PostgresLimiter::new(pool.clone())
+                .with_config(config)
+                .with_observer(observer("postgres", None)),
+            gcra: PostgresGcraLimiter::new(pool.clone())
+                .with_config(config)
+                .with_observer(observer("postgres", None)),
             pool,
         };
         Self { kind: Kind::Postgres(Arc::new(limiters)) }
@@ -274,11 +322,15 @@ impl Backend {
                         continue;
                     };
                     let config = fixed.config().clone().with_key_prefix(key_prefix);
+                    let store = |algorithm| observer("redis", Some((&domain.name, algorithm)));
                     domains.insert(
                         domain.name.clone(),
                         RedisDomainLimiters {
-                            fixed: fixed.clone().with_config(config.clone()),
-                            gcra: gcra.clone().with_config(config),
+                            fixed: fixed
+                                .clone()
+                                .with_config(config.clone())
+                                .with_observer(store(Algorithm::FixedWindow)),
+                            gcra: gcra.clone().with_config(config).with_observer(store(Algorithm::Gcra)),
                             algorithm: domain.algorithm,
                         },
                     );

@@ -14,7 +14,14 @@ async fn main() -> ExitCode {
     match runlimit_server::run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("runlimit-server: {}", runlimit_server::error_chain(&error));
+            let message = runlimit_server::error_chain(&error);
+            match args.log_format {
+                runlimit_server::LogFormat::Text => eprintln!("runlimit-server: {message}"),
+                // One JSON object per line, like every other line on stderr.
+                runlimit_server::LogFormat::Json => {
+                    tracing::error!(error = %message, "runlimit-server stopped")
+                }
+            }
             ExitCode::FAILURE
         }
     }

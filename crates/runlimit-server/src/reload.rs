@@ -4,7 +4,8 @@
 //! with the one in force; only a change (or SIGHUP, which always reloads) compiles them. A
 //! valid table replaces the old one atomically ([`Service::reload`]); an invalid one never
 //! does: the old table keeps serving, and the problems are logged, counted and shown by
-//! `GET /healthcheck` and `GET /rlconfig` until a valid table arrives.
+//! `GET /healthcheck` and `GET /rlconfig` until a valid table arrives (or the files are back
+//! to the ones in force).
 //!
 //! Events come from `notify` on the directory that holds the rules (the directory itself, or
 //! a rule file's parent: editors and Kubernetes ConfigMap updates replace files by renaming,
@@ -67,7 +68,8 @@ enum Refused {
     Read(String),
 }
 
-fn fingerprint(sources: &[(PathBuf, String)]) -> [u8; 32] {
+/// The fingerprint of rule files: SHA-256 over their names and texts, each length-prefixed.
+pub(crate) fn fingerprint(sources: &[(PathBuf, String)]) -> [u8; 32] {
     let mut hash = Sha256::new();
     for (file, text) in sources {
         for bytes in [file.as_os_str().as_encoded_bytes(), text.as_bytes()] {
@@ -80,8 +82,16 @@ fn fingerprint(sources: &[(PathBuf, String)]) -> [u8; 32] {
 
 impl Reloader {
     /// A reloader for the rules at `path`, which `service` serves now.
-    pub(crate) fn new(path: PathBuf, service: Service, health: Health) -> Self {
-        let fingerprint = read_sources(&path).ok().map(|sources| fingerprint(&sources));
+    ///
+    /// `fingerprint` is that of the files the table in force was compiled from, taken when
+    /// they were read (`None`: unknown; the first read then reloads): files changed since,
+    /// even before the reloader starts, are reloaded at its first poll.
+    pub(crate) fn new(
+        path: PathBuf,
+        service: Service,
+        health: Health,
+        fingerprint: Option<[u8; 32]>,
+    ) -> Self {
         Self { path, service, health, fingerprint, refused: None }
     }
 
@@ -97,7 +107,20 @@ impl Reloader {
             }
         };
         let print = fingerprint(&sources);
-        if !forced && (self.fingerprint == Some(print) || self.refused == Some(Refused::Files(print))) {
+        if !forced && self.fingerprint == Some(print) {
+            // The files in force again (an invalid edit undone, a vanished file back as it
+            // was): nothing to load, and the refusal no longer holds.
+            if self.refused.take().is_some() {
+                self.health.set_config_problem(None);
+                tracing::info!(
+                    trigger = trigger.name(),
+                    config = %self.path.display(),
+                    "the rule files are back to the rules in force: the refused reload no longer applies"
+                );
+            }
+            return false;
+        }
+        if !forced && self.refused == Some(Refused::Files(print)) {
             return false;
         }
         match RuleTable::from_sources(sources) {
@@ -159,7 +182,8 @@ impl Reloader {
         let _watcher = watch_directory(&self.path, events);
         let mut ticks = tokio::time::interval(poll);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
+        // The first tick is at once: a change made between `new` and the watcher's start,
+        // which no event reports, is found now rather than at the next poll.
         loop {
             let trigger = tokio::select! {
                 () = stopped(&mut stop) => return,
@@ -193,12 +217,24 @@ fn watched_directory(path: &Path) -> PathBuf {
     }
 }
 
+/// Whether an event of `kind` may have changed a file: anything but an access, except a
+/// file closed after writing. (`notify` reports every opening of a file: the reload's own
+/// reading of the rules would trigger the next reload, every [`SETTLE`], for ever.)
+fn is_change(kind: notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
 /// A `notify` watcher sending a trigger on every event under `path`'s directory; `None`
 /// (logged) when the platform's watcher cannot start, and polling alone finds changes.
 fn watch_directory(path: &Path, events: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
     let directory = watched_directory(path);
     let handler = move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|event| is_change(event.kind)) {
             // Full: a trigger is already pending, which reads the files anyway.
             let _ = events.try_send(());
         }
@@ -251,5 +287,35 @@ async fn recv_signal(hangup: &mut Hangup) -> Option<()> {
     {
         let _ = hangup;
         std::future::pending().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RemoveKind, RenameMode};
+
+    use super::is_change;
+
+    #[test]
+    fn only_changes_trigger_a_reload_not_readings() {
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            EventKind::Access(AccessKind::Any),
+        ] {
+            assert!(!is_change(kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Any,
+            EventKind::Other,
+        ] {
+            assert!(is_change(kind), "{kind:?}");
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 
 use axum::serve::ListenerExt as _;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use runlimit_memory::{MemoryStoreConfig, MemoryStoreConfigError};
 use runlimit_postgres::PostgresConfig;
 use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig};
@@ -24,7 +24,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::{
     backend::{Backend, BackendError},
     cli::Args,
-    config::{ConfigErrors, RuleTable},
+    config::{ConfigErrors, RuleTable, read_sources},
     health::Health,
     http, metrics,
     secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher},
@@ -195,6 +195,15 @@ pub enum RunError {
     },
 }
 
+/// What the reloader needs: the rules' path, the poll interval, and the fingerprint of the
+/// files the table in force was compiled from.
+#[derive(Debug)]
+struct Reload {
+    path: PathBuf,
+    poll: Duration,
+    fingerprint: Option<[u8; 32]>,
+}
+
 /// A server with its rules loaded, its backend built and both listeners bound, ready to
 /// [`serve`](Self::serve).
 #[derive(Debug)]
@@ -206,7 +215,7 @@ pub struct Server {
     cleanup_interval: Duration,
     probe_interval: Duration,
     /// The rule files to reload, and how often to poll them.
-    reload: Option<(PathBuf, Duration)>,
+    reload: Option<Reload>,
     health: Health,
 }
 
@@ -225,7 +234,11 @@ impl Server {
     /// each at the step its documentation names.
     pub async fn bind(args: &Args, metrics: Option<PrometheusHandle>) -> Result<Self, RunError> {
         let config = args.config.clone().unwrap_or_else(|| PathBuf::from("."));
-        let table = RuleTable::load(&config).map_err(|errors| RunError::Config { errors })?;
+        // The files' fingerprint is taken from the very texts compiled, so a change made while
+        // the server starts is reloaded at the reloader's first poll.
+        let sources = read_sources(&config).map_err(|errors| RunError::Config { errors })?;
+        let fingerprint = crate::reload::fingerprint(&sources);
+        let table = RuleTable::from_sources(sources).map_err(|errors| RunError::Config { errors })?;
         let (hasher, source) = key_hasher(args.key_secret_file.as_deref(), std::env::var_os(KEY_SECRET_ENV))
             .map_err(|source| RunError::KeySecret { source })?;
         if source == KeySecretSource::Ephemeral {
@@ -257,7 +270,11 @@ impl Server {
             metrics,
             cleanup_interval: Duration::from_secs(args.cleanup_interval_secs.max(1)),
             probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
-            reload: Some((config, Duration::from_secs(args.config_poll_interval_secs.max(1)))),
+            reload: Some(Reload {
+                path: config,
+                poll: Duration::from_secs(args.config_poll_interval_secs.max(1)),
+                fingerprint: Some(fingerprint),
+            }),
             ..server
         })
     }
@@ -299,7 +316,9 @@ impl Server {
     /// [`RuleTable::load`] reads it) on file-system events, every `poll` and on SIGHUP.
     #[must_use]
     pub fn with_reload(self, path: PathBuf, poll: Duration) -> Self {
-        Self { reload: Some((path, poll)), ..self }
+        // The files as they are now are taken to be the service's table.
+        let fingerprint = read_sources(&path).ok().map(|sources| crate::reload::fingerprint(&sources));
+        Self { reload: Some(Reload { path, poll, fingerprint }), ..self }
     }
 
     /// The same server probing the backend's readiness every `interval` (at least 1 ms).
@@ -366,7 +385,9 @@ impl Server {
         let hangup = self.reload.as_ref().map(|_| crate::reload::hangup_signal());
         let Self { service, grpc, http, metrics, cleanup_interval, probe_interval, reload, health } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+        // Calls wait for the backend's preparation, whoever built the service.
+        service.set_ready(false);
+        report(&reporter, false).await;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let grpc = tonic::transport::Server::builder()
             // Bounds what one connection can hold at once (tonic's default is unbounded): Envoy
@@ -391,7 +412,7 @@ impl Server {
             Ok(()) => {
                 health.set_prepared();
                 service.set_ready(true);
-                reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+                report(&reporter, true).await;
                 tracing::info!(backend = service.backend().name(), "backend prepared: serving");
                 ready()
             }
@@ -408,15 +429,15 @@ impl Server {
             tokio::spawn(probe(service.clone(), health.clone(), reporter.clone(), probe_interval)),
             tokio::spawn(cleanup(service.clone(), cleanup_interval)),
         ];
-        if let Some((path, poll)) = reload {
-            let reloader = crate::reload::Reloader::new(path, service.clone(), health.clone());
+        if let Some(Reload { path, poll, fingerprint }) = reload {
+            let reloader = crate::reload::Reloader::new(path, service.clone(), health.clone(), fingerprint);
             tasks.push(tokio::spawn(reloader.run(poll, hangup.flatten(), stopped.clone())));
         }
         shutdown.await;
         tracing::info!("shutting down: no new connections, finishing in-flight calls");
         health.set_shutting_down();
         // Health checks on connections still open now see the service going away.
-        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+        report(&reporter, false).await;
         let _ = stop.send(true);
         let finished = tokio::time::timeout(SHUTDOWN_GRACE, servers).await;
         for task in tasks {
@@ -457,11 +478,11 @@ async fn probe(
             match failing {
                 Some(reason) => {
                     tracing::error!(backend = service.backend().name(), %reason, "backend not ready");
-                    reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+                    report(&reporter, false).await;
                 }
                 None => {
                     tracing::info!(backend = service.backend().name(), "backend ready again");
-                    reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+                    report(&reporter, true).await;
                 }
             }
         }
@@ -476,6 +497,19 @@ async fn cleanup(service: Service, interval: Duration) {
         ticks.tick().await;
         let removed = service.limiters().cleanup_expired(CLEANUP_BATCH).await;
         tracing::debug!(removed, "cleanup of expired counters");
+    }
+}
+
+/// Sets the gRPC health of the whole server (service `""`, which Envoy's gRPC health checks
+/// ask by default) and of `envoy.service.ratelimit.v3.RateLimitService`.
+async fn report(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    let status =
+        if serving { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+    reporter.set_service_status("", status).await;
+    if serving {
+        reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+    } else {
+        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
     }
 }
 
@@ -557,11 +591,29 @@ async fn backend(args: &Args) -> Result<Backend, RunError> {
 }
 
 /// Installs the process's Prometheus recorder (rendered by `GET /metrics`) and describes the
-/// service's metrics; `None` when another recorder is already installed.
+/// service's metrics and runlimit-metrics' (see the crate README's "Metrics"); `None` when
+/// another recorder is already installed.
+///
+/// Every `*_seconds` histogram gets the same buckets, from 10 µs to 5 s. A thread named
+/// `metrics-upkeep` drains histogram samples into their buckets every 5 s, so the recorder's
+/// memory stays bounded when nothing scrapes it.
 #[must_use]
 pub fn install_metrics() -> Option<PrometheusHandle> {
-    let handle = PrometheusBuilder::new().install_recorder().ok()?;
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), metrics::DURATION_BUCKETS)
+        .ok()?
+        .install_recorder()
+        .ok()?;
     metrics::describe();
+    runlimit_metrics::MetricsObserver::describe();
+    let upkeep = handle.clone();
+    // Without the thread, histograms are drained by scrapes only; nothing else depends on it.
+    let _ = std::thread::Builder::new().name("metrics-upkeep".to_owned()).spawn(move || {
+        loop {
+            std::thread::sleep(metrics::UPKEEP_INTERVAL);
+            upkeep.run_upkeep();
+        }
+    });
     Some(handle)
 }
 

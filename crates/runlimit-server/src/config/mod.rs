@@ -161,6 +161,9 @@ pub(crate) struct Rule {
     /// The `share_threshold` patterns along the rule's path, in order (empty: none); they
     /// decide which values share a counter.
     pub(crate) shared: Box<str>,
+    /// `detailed_metric: true`: the per-rule metrics name this rule by the request's values
+    /// (capped, see the `metrics` module), not by its `name` or path.
+    pub(crate) detailed_metric: bool,
 }
 
 /// A node of a domain's rule tree: a matched rule entry, its rule (if it has a `rate_limit`)
@@ -833,6 +836,7 @@ impl DomainBuilder<'_> {
             header_name,
             identity: policy_id("rule", self.domain, path.iter().copied()),
             shared: shares.join(", ").into(),
+            detailed_metric: descriptor.detailed_metric.unwrap_or(false),
         });
         Some(self.rules.len() - 1)
     }

@@ -1231,6 +1231,10 @@ fn readme_example_8_detailed_metric() {
             "example8.key1_value1: 20 per minute (fixed_window)"
         ])
     );
+    // `detailed_metric` is carried to the rule it is written on (it names the rule's metric
+    // series by the request's values), and only to it.
+    assert!(rule(&table(text), "example8", "example8.key1").detailed_metric);
+    assert!(!rule(&table(text), "example8", "example8.key1_value1").detailed_metric);
 }
 
 #[test]

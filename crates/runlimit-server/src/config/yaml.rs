@@ -3,7 +3,7 @@
 //!
 //! Every struct denies unknown fields, so a misspelled key is an error naming the path and the
 //! keys allowed there. Optional fields are `Option`s even where the format requires them, so a
-//! missing one is reported by [`compile`](super::compile) with the path and a sentence, not as
+//! missing one is reported by [`RuleTable::from_sources`](super::RuleTable::from_sources) with the path and a sentence, not as
 //! serde's bare "missing field".
 
 use serde::Deserialize;
@@ -26,10 +26,12 @@ pub(crate) struct RuleDoc {
     pub(crate) descriptors: Option<Vec<Self>>,
     pub(crate) shadow_mode: Option<bool>,
     pub(crate) quota_mode: Option<bool>,
-    /// Accepted; they shape envoyproxy/ratelimit's statistics names, and this service's
-    /// metrics never carry descriptor values.
-    #[allow(dead_code, reason = "read only to accept the key")]
+    /// The matched rule's `rule` label in the per-rule metrics is the descriptor's values
+    /// (`domain.key1_value1.key2_value2`, as envoyproxy/ratelimit names its detailed stats),
+    /// capped per process (see the `metrics` module).
     pub(crate) detailed_metric: Option<bool>,
+    /// Accepted; it shapes envoyproxy/ratelimit's statistics names, and this service's
+    /// metrics carry no descriptor value unless `detailed_metric` says so.
     #[allow(dead_code, reason = "read only to accept the key")]
     pub(crate) value_to_metric: Option<bool>,
     pub(crate) share_threshold: Option<bool>,

@@ -10,7 +10,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::SystemTime,
+    time::{Instant, SystemTime},
 };
 
 use arc_swap::ArcSwap;
@@ -33,7 +33,7 @@ use crate::{
     backend::{Backend, Limiters},
     config::{Algorithm, Domain, Quota, Rule, RuleTable, build_policy, policy_id},
     matcher::match_entries,
-    metrics,
+    metrics::{self, Decision, DomainSeries, RuleKey},
 };
 
 /// What the service answers when its backend fails (`--on-backend-error`).
@@ -93,11 +93,11 @@ struct State {
     ready: AtomicBool,
 }
 
-/// A rule table with what serving it needs: its limiters and request counters.
+/// A rule table with what serving it needs: its limiters and metric series.
 pub(crate) struct Engine {
     pub(crate) table: Arc<RuleTable>,
     pub(crate) limiters: Limiters,
-    requests: metrics::RequestCounters,
+    metrics: metrics::EngineMetrics,
     pub(crate) loaded_at: SystemTime,
 }
 
@@ -105,8 +105,8 @@ impl Engine {
     fn new(table: RuleTable, backend: &Backend, options: &ServiceOptions) -> Self {
         let table = if options.shadow_mode { table.into_shadow() } else { table };
         let limiters = backend.limiters(&table);
-        let requests = metrics::RequestCounters::new(&table);
-        Self { table: Arc::new(table), limiters, requests, loaded_at: SystemTime::now() }
+        let metrics = metrics::EngineMetrics::new(&table);
+        Self { table: Arc::new(table), limiters, metrics, loaded_at: SystemTime::now() }
     }
 }
 
@@ -193,6 +193,7 @@ impl Service {
     ///   otherwise); the message says whether quota may have been consumed;
     /// - `INTERNAL` if the server is inconsistent with itself (never expected).
     pub async fn should_rate_limit(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let started = Instant::now();
         request::validate(request)?;
         let state = &*self.state;
         if !state.ready.load(Ordering::Acquire) {
@@ -201,53 +202,82 @@ impl Service {
             ));
         }
         let engine = state.engine.load_full();
-        let Some(domain) = engine.table.domain(&request.domain) else {
-            engine.requests.count(None, Code::Ok);
-            return Ok(RateLimitResponse {
-                overall_code: Code::Ok.into(),
-                statuses: vec![response::status(&Outcome::NoLimit, false); request.descriptors.len()],
-                ..RateLimitResponse::default()
-            });
+        let domain = engine.table.domain(&request.domain);
+        let series = engine.metrics.domain(domain);
+        let answer = match domain {
+            Some(domain) => self.answer(&engine, domain, series, request).await,
+            None => {
+                series.request(Code::Ok);
+                Ok(RateLimitResponse {
+                    overall_code: Code::Ok.into(),
+                    statuses: vec![response::status(&Outcome::NoLimit, false); request.descriptors.len()],
+                    ..RateLimitResponse::default()
+                })
+            }
         };
+        series.duration(started.elapsed());
+        answer
+    }
 
+    /// Answers a valid request of a configured `domain`, counted in its `series`.
+    async fn answer(
+        &self,
+        engine: &Engine,
+        domain: &Domain,
+        series: &DomainSeries,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         // Limit overrides carried by the request become rules of this request only.
-        let overrides = override_rules(domain, request, state.options.shadow_mode);
+        let overrides = override_rules(domain, request, self.state.options.shadow_mode);
         let mut scratch = String::new();
-        let mut matched: Vec<Option<(&Rule, Vec<u8>)>> = Vec::with_capacity(request.descriptors.len());
+        let mut matched: Vec<Option<(&Rule, Vec<u8>, RuleKey)>> =
+            Vec::with_capacity(request.descriptors.len());
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             if let Some(rule) = overrides.get(&index) {
-                matched.push(Some((rule, request::subject(descriptor, &[]))));
+                let key = RuleKey { index: None, detailed: None };
+                matched.push(Some((rule, request::subject(descriptor, &[]), key)));
                 continue;
             }
             let entries = descriptor.entries.iter().map(|entry| (entry.key.as_str(), entry.value.as_str()));
             let found = match_entries(domain, entries, &mut scratch).and_then(|matched| {
                 let rule = matched.rule(domain)?;
-                Some((rule, request::subject(descriptor, &matched.shared)))
+                let detailed = rule
+                    .detailed_metric
+                    .then(|| metrics::detailed_label(domain, descriptor, &matched.shared));
+                let key = RuleKey { index: Some(matched.rule), detailed };
+                Some((rule, request::subject(descriptor, &matched.shared), key))
             });
             matched.push(found);
         }
 
         // `replaces`: a matched rule named by another matched rule's `replaces` is dropped.
-        let replaced: Vec<&str> =
-            matched.iter().flatten().flat_map(|(rule, _)| rule.replaces.iter().map(|name| &**name)).collect();
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|(rule, _, _)| rule.replaces.iter().map(|name| &**name))
+            .collect();
         let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
+        let mut keys: Vec<Option<RuleKey>> = Vec::with_capacity(matched.len());
         let mut charges: Vec<Charge<'_>> = Vec::new();
         let mut charge_of: Vec<Option<usize>> = Vec::with_capacity(matched.len());
         for (descriptor, found) in request.descriptors.iter().zip(matched) {
             let mut charge = None;
+            let mut rule_key = None;
             let outcome = match found {
                 None => Outcome::NoLimit,
-                Some((rule, _)) if rule.name.as_deref().is_some_and(|name| replaced.contains(&name)) => {
+                Some((rule, _, _)) if rule.name.as_deref().is_some_and(|name| replaced.contains(&name)) => {
                     Outcome::NoLimit
                 }
-                Some((rule, _)) if matches!(rule.quota, Quota::Unlimited) => Outcome::Unlimited,
-                Some((rule, subject)) => {
+                Some((rule, _, _)) if matches!(rule.quota, Quota::Unlimited) => Outcome::Unlimited,
+                Some((rule, subject, key)) => {
                     charge = Some(charges.len());
+                    rule_key = Some(key);
                     charges.push(Charge { rule, subject, hits: request::hits(request, descriptor) });
                     Outcome::Limited { rule, verdict: Verdict::Unevaluated }
                 }
             };
             outcomes.push(outcome);
+            keys.push(rule_key);
             charge_of.push(charge);
         }
 
@@ -258,7 +288,7 @@ impl Service {
         };
         let verdicts = match verdicts {
             Ok(verdicts) => verdicts,
-            Err(failure) => return self.backend_failure(&engine, domain, &outcomes, failure),
+            Err(failure) => return self.backend_failure(domain, series, &outcomes, failure),
         };
         for (outcome, charge) in outcomes.iter_mut().zip(&charge_of) {
             if let (Outcome::Limited { verdict, .. }, Some(charge)) = (outcome, charge)
@@ -267,7 +297,7 @@ impl Service {
                 *verdict = *found;
             }
         }
-        Ok(self.respond(&engine, domain, &outcomes))
+        Ok(self.respond(series, &outcomes, &keys))
     }
 
     async fn evaluate(
@@ -305,23 +335,38 @@ impl Service {
         }
     }
 
-    fn respond(&self, engine: &Engine, domain: &Domain, outcomes: &[Outcome<'_>]) -> RateLimitResponse {
+    /// The response to `outcomes` (`keys`: each descriptor's metric series, for the matched
+    /// limited rules), counted in the metrics.
+    fn respond(
+        &self,
+        series: &DomainSeries,
+        outcomes: &[Outcome<'_>],
+        keys: &[Option<RuleKey>],
+    ) -> RateLimitResponse {
         let options = &self.state.options;
         let over_limit = outcomes.iter().any(|outcome| {
             matches!(outcome, Outcome::Limited { verdict: Verdict::Exhausted { enforced: true, .. }, .. })
         });
-        for outcome in outcomes {
-            if let Outcome::Limited { rule, verdict: Verdict::Exhausted { enforced, reason } } = outcome {
+        for (outcome, key) in outcomes.iter().zip(keys) {
+            let (Outcome::Limited { rule, verdict }, Some(key)) = (outcome, key) else { continue };
+            let decision = match verdict {
+                Verdict::Unevaluated => Decision::NotEvaluated,
+                Verdict::Allowed(_) | Verdict::Available(_) => Decision::Ok,
+                Verdict::Exhausted { enforced: true, .. } => Decision::OverLimit,
+                Verdict::Exhausted { enforced: false, .. } => Decision::ShadowOverLimit,
+            };
+            series.decision(rule, key, decision);
+            if let Verdict::Exhausted { enforced, reason } = verdict {
                 if !enforced {
-                    metrics::shadow_denial(domain, rule, *reason);
+                    series.shadow_denial(rule, key, *reason);
                 }
                 if matches!(reason, Exhaustion::StorageCapacity { .. }) {
-                    metrics::storage_full(domain);
+                    series.storage_full();
                 }
             }
         }
         let code = if over_limit { Code::OverLimit } else { Code::Ok };
-        engine.requests.count(Some(domain), code);
+        series.request(code);
         RateLimitResponse {
             overall_code: code.into(),
             statuses: outcomes.iter().map(|outcome| response::status(outcome, options.shadow_mode)).collect(),
@@ -335,12 +380,12 @@ impl Service {
 
     fn backend_failure(
         &self,
-        engine: &Engine,
         domain: &Domain,
+        series: &DomainSeries,
         outcomes: &[Outcome<'_>],
         failure: BackendFailure,
     ) -> Result<RateLimitResponse, Status> {
-        metrics::backend_failure(domain, failure.consumption);
+        series.backend_failure(failure.consumption);
         let consumption = match failure.consumption {
             ConsumptionStatus::NotConsumed => "no quota was consumed",
             ConsumptionStatus::MayHaveBeenConsumed => "quota may have been consumed",
@@ -365,7 +410,7 @@ impl Service {
             BackendErrorMode::OverLimit => Code::OverLimit,
             BackendErrorMode::Ok => Code::Ok,
         };
-        engine.requests.count(Some(domain), code);
+        series.request(code);
         // Failing closed, every limited descriptor reads over its limit (with its rule, and no
         // time to wait: nothing was measured); failing open, nothing was measured either.
         let statuses = outcomes
@@ -470,6 +515,7 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
                 header_name,
                 identity: id,
                 shared: "".into(),
+                detailed_metric: false,
             },
         );
     }

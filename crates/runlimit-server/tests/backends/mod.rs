@@ -641,3 +641,80 @@ impl Drop for OwnCluster {
         let _ = &self.dir;
     }
 }
+
+// Helpers added for the operations suites (operations.rs, operations_processes.rs).
+
+impl OwnRedis {
+    /// `redis-cli -p PORT ARGS...`'s stdout, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+}
+
+impl Files {
+    /// Replaces `name` with `contents` atomically (written to a hidden file, then renamed over
+    /// it), as editors and configuration tools do: a reader sees the old text or the new one,
+    /// never a partial file.
+    pub fn replace(&self, name: &str, contents: &str) {
+        let temporary = self.path(&format!(".{name}.tmp"));
+        std::fs::write(&temporary, contents).unwrap();
+        std::fs::rename(&temporary, self.path(name)).unwrap();
+    }
+}
+
+impl ServerProcess {
+    /// Sends `signal` (`kill -SIGNAL PID`, e.g. `HUP`) and returns at once.
+    pub fn send(&self, signal: &str) {
+        let id = self.child.as_ref().unwrap().id();
+        let sent = Command::new("kill").arg(format!("-{signal}")).arg(id.to_string()).status().unwrap();
+        assert!(sent.success(), "kill -{signal} {id}");
+    }
+
+    /// Waits (at most `within`) for the process to exit; returns its status and stderr.
+    pub fn wait_exit(mut self, within: Duration) -> (ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return (status, self.stderr.take().unwrap().join());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("runlimit-server did not exit within {within:?}; stderr:\n{}", self.stderr());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The bytes the process has read so far (`rchar` of `/proc/PID/io`: files, pipes and
+    /// sockets alike).
+    pub fn bytes_read(&self) -> u64 {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", self.id())).unwrap();
+        io.lines().find_map(|line| line.strip_prefix("rchar: ")).unwrap().parse().unwrap()
+    }
+}
+
+/// `POST path` with `body` over HTTP/1.1 on `address`: the status line and the body.
+pub fn http_post(address: SocketAddr, path: &str, body: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    (status, body.to_owned())
+}

@@ -263,3 +263,94 @@ pub const SECOND: i32 = RlsUnit::Second as i32;
 pub const MINUTE: i32 = RlsUnit::Minute as i32;
 pub const HOUR: i32 = RlsUnit::Hour as i32;
 pub const DAY: i32 = RlsUnit::Day as i32;
+
+// Helpers added for the operations suite (operations.rs).
+
+impl TestServer {
+    /// Serves `server` without waiting until it is ready (its backend prepared): returns the
+    /// server and a receiver that resolves once it is.
+    pub fn spawn(server: Server) -> (Self, oneshot::Receiver<()>) {
+        let service = server.service().clone();
+        let (grpc, http) = (server.grpc_addr().unwrap(), server.http_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (ready, is_ready) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .serve_with(
+                    async {
+                        let _ = stopped.await;
+                    },
+                    move || {
+                        let _ = ready.send(());
+                        Ok(())
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        (Self { grpc, http, service, stop: Some(stop), task: Some(task) }, is_ready)
+    }
+}
+
+/// An HTTP/1.1 answer: the status code, the `content-type` header (empty when absent) and the
+/// body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// One HTTP/1.1 request (`method path`, with `body` when not empty) over a fresh connection.
+pub async fn http(address: SocketAddr, method: &str, path: &str, body: &str) -> HttpAnswer {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().split(' ').nth(1).unwrap_or_default().parse().unwrap();
+    let content_type = lines
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        .map(|(_, value)| value.trim().to_owned())
+        .unwrap_or_default();
+    HttpAnswer { status, content_type, body: body.to_owned() }
+}
+
+/// `grpc.health.v1.Health/Check` of `service` ("" for the whole server) on `address`.
+pub async fn grpc_health(
+    address: SocketAddr,
+    service: &str,
+) -> Result<tonic_health::pb::health_check_response::ServingStatus, tonic::Status> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+    let response = HealthClient::new(channel).check(HealthCheckRequest { service: service.into() }).await?;
+    Ok(response.into_inner().status())
+}
+
+/// The RLS service's name, as the gRPC health service knows it.
+pub const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// Polls until `what` is true, for at most `within`; panics with `describe()` when it never is.
+pub async fn eventually<F, Fut>(within: Duration, describe: &str, mut what: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !what().await {
+        assert!(tokio::time::Instant::now() < deadline, "not within {within:?}: {describe}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
