@@ -138,8 +138,6 @@ impl MemoryBackend {
 pub(crate) struct PostgresLimiters {
     pub(crate) fixed: PostgresLimiter<MetricsObserver>,
     pub(crate) gcra: PostgresGcraLimiter<MetricsObserver>,
-    /// For the readiness probe.
-    pool: sqlx::PgPool,
 }
 
 #[derive(Clone, Debug)]
@@ -247,10 +245,9 @@ impl Backend {
             fixed: PostgresLimiter::new(pool.clone())
                 .with_config(config)
                 .with_observer(observer("postgres", None)),
-            gcra: PostgresGcraLimiter::new(pool.clone())
+            gcra: PostgresGcraLimiter::new(pool)
                 .with_config(config)
                 .with_observer(observer("postgres", None)),
-            pool,
         };
         Self { kind: Kind::Postgres(Arc::new(limiters)) }
     }
@@ -278,10 +275,13 @@ impl Backend {
     }
 
     /// The readiness probe: whether the backend can admit now, and why not. In memory,
-    /// always. On Redis, [`prepare`](Self::prepare) again: the server answers, is Redis 7 or
-    /// newer, still has `maxmemory-policy noeviction` (a server switched to an evicting policy
-    /// would silently reset limits), and holds the scripts. On PostgreSQL, `SELECT 1` through
-    /// the pool.
+    /// always. On Redis, [`prepare`](Self::prepare) again (the server answers, is Redis 7 or
+    /// newer, still has `maxmemory-policy noeviction`, since a server switched to an evicting
+    /// policy would silently reset limits, and holds the scripts), then one admission; on
+    /// PostgreSQL, one admission. The admission is a check of the probe policy
+    /// (`runlimit-server.readiness`, a limit no probe reaches, a constant subject key): a
+    /// write, so a read-only replica or standby, a server out of memory or a full disk is not
+    /// ready. On a Redis Cluster it reaches the node of the base key prefix's slot only.
     ///
     /// # Errors
     ///
@@ -289,12 +289,13 @@ impl Backend {
     pub async fn probe(&self) -> Result<(), String> {
         match &self.kind {
             Kind::Memory(_) => Ok(()),
-            Kind::Redis { .. } => self.prepare().await.map_err(|error| crate::error_chain(&error)),
-            Kind::Postgres(limiters) => sqlx::query("SELECT 1")
-                .execute(&limiters.pool)
+            Kind::Redis { fixed, .. } => {
+                self.prepare().await.map_err(|error| crate::error_chain(&error))?;
+                write_probe(fixed).await.map_err(|error| format!("Redis refuses admissions: {error}"))
+            }
+            Kind::Postgres(limiters) => write_probe(&limiters.fixed)
                 .await
-                .map(|_| ())
-                .map_err(|error| format!("PostgreSQL does not answer: {}", crate::error_chain(&error))),
+                .map_err(|error| format!("PostgreSQL refuses admissions: {error}")),
         }
     }
 
@@ -339,6 +340,32 @@ impl Backend {
             }
         }
     }
+}
+
+/// One admission of the readiness probe's policy through `limiter`: its error, if any.
+async fn write_probe<L: runlimit_core::Limiter<Policy = runlimit_core::FixedWindowPolicy>>(
+    limiter: &L,
+) -> Result<(), String> {
+    let policy = probe_policy();
+    let subject = runlimit_core::SubjectKey::from_digest([0; 32]).bind(&policy);
+    limiter
+        .check(&runlimit_core::Check::new(subject))
+        .await
+        .map(|_| ())
+        .map_err(|error| crate::error_chain(&error))
+}
+
+/// The readiness probe's policy: `runlimit-server.readiness`, scope `probe`, the largest limit
+/// Runlimit accepts per hour (never reached by a probe every second).
+fn probe_policy() -> runlimit_core::FixedWindowPolicy {
+    #[expect(clippy::expect_used, reason = "constant, valid identifiers and parameters")]
+    runlimit_core::FixedWindowPolicy::new(
+        runlimit_core::PolicyId::new("runlimit-server.readiness").expect("a valid policy id"),
+        runlimit_core::ScopeId::new("probe").expect("a valid scope"),
+        runlimit_core::MAX_LIMIT,
+        std::time::Duration::from_secs(3_600),
+    )
+    .expect("a valid policy")
 }
 
 /// A domain's Redis key prefix: the base prefix, `:` and the first 16 hex digits of the

@@ -1,6 +1,10 @@
 //! The HTTP listener: `GET /healthcheck`, `POST /json`, `GET /metrics`, `GET /rlconfig`.
 
-use std::{fmt::Write as _, time::SystemTime};
+use std::{
+    fmt::Write as _,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use axum::{
     Router,
@@ -27,13 +31,74 @@ pub(crate) struct AppState {
     pub(crate) metrics: Option<PrometheusHandle>,
 }
 
+/// The most HTTP connections served at once: 1,024. Further connections are closed as soon
+/// as they are accepted.
+pub const MAX_HTTP_CONNECTIONS: usize = 1_024;
+
+/// How long a connection may take to send a request's headers: 10 s (then it is closed).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest `POST /json` body: 4 MiB, gRPC's default message bound (larger bodies are
+/// answered `413`).
+pub const MAX_JSON_BODY: usize = 4 * 1024 * 1024;
+
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
-        .route("/json", post(json_call))
+        .route("/json", post(json_call).layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY)))
         .route("/metrics", get(metrics_text))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
+}
+
+/// Serves `router` on `listener` (HTTP/1.1, `TCP_NODELAY`) until `stop` turns true, then lets
+/// the connections finish their requests and returns.
+///
+/// Written on hyper rather than with `axum::serve`, which has no header-read timeout and no
+/// bound on connections: a client that opens connections and sends nothing would otherwise
+/// hold them (and the process's file descriptors) for ever.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HTTP_CONNECTIONS));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            // A failed accept (out of file descriptors, a connection reset before it was
+            // taken) ends nothing but that connection; wait a little so a lasting cause does
+            // not spin.
+            Err(error) => {
+                tracing::debug!(%error, "HTTP accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            // At the bound: closed at once (dropped).
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 fn text(status: StatusCode, body: String) -> Response {
@@ -109,8 +174,8 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 /// with a `rate_limit`, sorted, after a header line saying when they were loaded and from
 /// which files, and the problems of a refused reload, if the last one was.
 async fn rlconfig(State(state): State<AppState>) -> Response {
-    let table = state.service.table();
-    let mut body = format!("# loaded at unix time {} from", unix_seconds(state.service.loaded_at()));
+    let (table, loaded_at) = state.service.snapshot();
+    let mut body = format!("# loaded at unix time {} from", unix_seconds(loaded_at));
     for file in table.files() {
         let _ = write!(body, " {}", file.display());
     }

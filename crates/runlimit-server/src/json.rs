@@ -348,7 +348,9 @@ impl<'de> Deserialize<'de> for UnitJson {
 }
 
 /// The names of `envoy.type.v3.RateLimitUnit`.
-const UNIT_NAMES: &[&str] = &["UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR"];
+/// The unit names accepted: `envoy.type.v3.RateLimitUnit`'s, and `WEEK` (7), which newer Envoy
+/// API versions add and this server accepts (its responses name it).
+const UNIT_NAMES: &[&str] = &["UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK"];
 
 struct UnitVisitor;
 
@@ -374,6 +376,9 @@ impl Visitor<'_> for UnitVisitor {
     }
 
     fn visit_str<E: de::Error>(self, value: &str) -> Result<i32, E> {
+        if value == "WEEK" {
+            return Ok(7);
+        }
         RateLimitUnit::from_str_name(value)
             .map(i32::from)
             .ok_or_else(|| E::unknown_variant(value, UNIT_NAMES))
@@ -989,14 +994,25 @@ mod tests {
     }
 
     #[test]
+    fn week_is_a_unit_name_as_in_the_responses() {
+        let request = parse_request(
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"limit":{"requestsPerUnit":3,"unit":"WEEK"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            request.descriptors[0].limit.map(|limit| (limit.requests_per_unit, limit.unit)),
+            Some((3, 7))
+        );
+    }
+
+    #[test]
     fn bad_unit_names_are_refused() {
-        let names = "expected one of `UNKNOWN`, `SECOND`, `MINUTE`, `HOUR`, `DAY`, `MONTH`, `YEAR`";
+        let names = "expected one of `UNKNOWN`, `SECOND`, `MINUTE`, `HOUR`, `DAY`, `MONTH`, `YEAR`, `WEEK`";
         for (unit, message) in [
             (r#""SECONDS""#, format!("unknown variant `SECONDS`, {names}")),
             // Case-sensitive, as in protojson (the YAML rule files' `unit: second` is another matter).
             (r#""second""#, format!("unknown variant `second`, {names}")),
-            // WEEK is a name of the response's unit only, not of envoy.type.v3.RateLimitUnit.
-            (r#""WEEK""#, format!("unknown variant `WEEK`, {names}")),
+            (r#""week""#, format!("unknown variant `week`, {names}")),
             // A string is a name, never a number.
             (r#""1""#, format!("unknown variant `1`, {names}")),
             (

@@ -8,7 +8,6 @@ use std::{
     time::Duration,
 };
 
-use axum::serve::ListenerExt as _;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use runlimit_memory::{MemoryStoreConfig, MemoryStoreConfigError};
@@ -202,6 +201,9 @@ struct Reload {
     path: PathBuf,
     poll: Duration,
     fingerprint: Option<[u8; 32]>,
+    /// The SIGHUP stream, installed when the server is built: SIGHUP's default action ends
+    /// the process, also during startup.
+    hangup: crate::reload::Hangup,
 }
 
 /// A server with its rules loaded, its backend built and both listeners bound, ready to
@@ -233,6 +235,8 @@ impl Server {
     /// `RedisUnsuitable` and `Backend` for PostgreSQL's migrations (which `serve` returns),
     /// each at the step its documentation names.
     pub async fn bind(args: &Args, metrics: Option<PrometheusHandle>) -> Result<Self, RunError> {
+        // First: SIGHUP's default action would end the process during the steps below.
+        let hangup = crate::reload::hangup_signal();
         let config = args.config.clone().unwrap_or_else(|| PathBuf::from("."));
         // The files' fingerprint is taken from the very texts compiled, so a change made while
         // the server starts is reloaded at the reloader's first poll.
@@ -274,6 +278,7 @@ impl Server {
                 path: config,
                 poll: Duration::from_secs(args.config_poll_interval_secs.max(1)),
                 fingerprint: Some(fingerprint),
+                hangup,
             }),
             ..server
         })
@@ -318,7 +323,8 @@ impl Server {
     pub fn with_reload(self, path: PathBuf, poll: Duration) -> Self {
         // The files as they are now are taken to be the service's table.
         let fingerprint = read_sources(&path).ok().map(|sources| crate::reload::fingerprint(&sources));
-        Self { reload: Some(Reload { path, poll, fingerprint }), ..self }
+        let hangup = crate::reload::hangup_signal();
+        Self { reload: Some(Reload { path, poll, fingerprint, hangup }), ..self }
     }
 
     /// The same server probing the backend's readiness every `interval` (at least 1 ms).
@@ -381,8 +387,6 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
         ready: impl FnOnce() -> Result<(), RunError> + Send,
     ) -> Result<(), RunError> {
-        // Installed before anything else: SIGHUP's default action ends the process.
-        let hangup = self.reload.as_ref().map(|_| crate::reload::hangup_signal());
         let Self { service, grpc, http, metrics, cleanup_interval, probe_interval, reload, health } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         // Calls wait for the backend's preparation, whoever built the service.
@@ -402,13 +406,22 @@ impl Server {
                 wait(stopped.clone()),
             );
         let app = http::AppState { service: service.clone(), health: health.clone(), metrics };
-        let listener = http.tap_io(|stream| {
-            let _ = stream.set_nodelay(true);
-        });
-        let http = axum::serve(listener, http::router(app)).with_graceful_shutdown(wait(stopped.clone()));
-        let servers = tokio::spawn(async move { tokio::join!(grpc, async { http.await }) });
+        let http = http::serve(http, http::router(app), stopped.clone());
+        let servers = tokio::spawn(async move { tokio::join!(grpc, http) });
 
-        let started = match service.backend().prepare().await {
+        // A shutdown signal during the preparation stops the server there.
+        let mut shutdown = std::pin::pin!(shutdown);
+        let prepared = tokio::select! {
+            prepared = service.backend().prepare() => prepared,
+            () = &mut shutdown => {
+                tracing::info!("shut down while the backend was prepared");
+                health.set_shutting_down();
+                let _ = stop.send(true);
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, servers).await;
+                return Ok(());
+            }
+        };
+        let started = match prepared {
             Ok(()) => {
                 health.set_prepared();
                 service.set_ready(true);
@@ -429,20 +442,22 @@ impl Server {
             tokio::spawn(probe(service.clone(), health.clone(), reporter.clone(), probe_interval)),
             tokio::spawn(cleanup(service.clone(), cleanup_interval)),
         ];
-        if let Some(Reload { path, poll, fingerprint }) = reload {
+        if let Some(Reload { path, poll, fingerprint, hangup }) = reload {
             let reloader = crate::reload::Reloader::new(path, service.clone(), health.clone(), fingerprint);
-            tasks.push(tokio::spawn(reloader.run(poll, hangup.flatten(), stopped.clone())));
+            tasks.push(tokio::spawn(reloader.run(poll, hangup, stopped.clone())));
         }
         shutdown.await;
         tracing::info!("shutting down: no new connections, finishing in-flight calls");
+        // The probe, cleanup and reloader stop first: a probe seeing the backend again must not
+        // report SERVING during the drain.
+        for task in tasks {
+            task.abort();
+        }
         health.set_shutting_down();
         // Health checks on connections still open now see the service going away.
         report(&reporter, false).await;
         let _ = stop.send(true);
         let finished = tokio::time::timeout(SHUTDOWN_GRACE, servers).await;
-        for task in tasks {
-            task.abort();
-        }
         let Ok(finished) = finished else {
             tracing::warn!(
                 grace_secs = SHUTDOWN_GRACE.as_secs(),

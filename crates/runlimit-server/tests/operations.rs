@@ -976,3 +976,33 @@ async fn a_change_made_while_the_backend_is_prepared_is_loaded_once_ready() {
     wait_for_rules(&server.service, &V2_RULES).await;
     server.stop().await;
 }
+
+/// A Redis that still answers, reads and holds the scripts but refuses writes (a replica:
+/// `REPLICAOF`) is not ready: the probe admits once, and every call would fail.
+#[tokio::test]
+#[ignore = "needs redis-server on PATH (starts a server of its own)"]
+async fn a_redis_that_refuses_writes_is_not_ready() {
+    let redis = OwnRedis::start();
+    let backend = own_redis_backend(&redis);
+    let service = Service::new(rules(V1), &backend, hasher(), ServiceOptions::default());
+    let loopback = "127.0.0.1:0".parse().unwrap();
+    let server = Server::with_service(service, loopback, loopback)
+        .await
+        .unwrap()
+        .with_probe_interval(Duration::from_millis(200));
+    let server = TestServer::run(server).await;
+    wait_for_health(&server, 200, "OK\n", ServingStatus::Serving).await;
+    // A replica of a primary that does not exist: read-only.
+    assert_eq!(redis.cli(&["REPLICAOF", "127.0.0.1", "1"]), "OK");
+    eventually(Duration::from_secs(10), "503 naming the refused write", || async {
+        let answer = http(server.http, "GET", "/healthcheck", "").await;
+        answer.status == 503
+            && answer.body.starts_with("backend not ready: Redis refuses admissions: ")
+            && answer.body.contains("READONLY")
+    })
+    .await;
+    assert_eq!(grpc_health(server.grpc, "").await.unwrap(), ServingStatus::NotServing);
+    assert_eq!(redis.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    wait_for_health(&server, 200, "OK\n", ServingStatus::Serving).await;
+    server.stop().await;
+}

@@ -377,10 +377,10 @@ impl RuleTable {
         let mut lines = Vec::new();
         for (name, domain) in &self.domains {
             let Some(old_domain) = previous.domains.get(name) else { continue };
+            let old_rules: HashMap<&PolicyId, &Rule> =
+                old_domain.rules.iter().map(|rule| (&rule.identity, rule)).collect();
             for rule in &domain.rules {
-                let Some(old) = old_domain.rules.iter().find(|old| old.identity == rule.identity) else {
-                    continue;
-                };
+                let Some(old) = old_rules.get(&rule.identity) else { continue };
                 let (old_text, new_text) = (counter_text(old_domain, old), counter_text(domain, rule));
                 if old_text != new_text {
                     lines.push(format!("{}: {old_text} -> {new_text}", rule.path));

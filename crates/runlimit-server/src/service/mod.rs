@@ -156,6 +156,14 @@ impl Service {
         self.state.engine.load().loaded_at
     }
 
+    /// The table in force and when it was loaded, read together (a reload in between cannot
+    /// pair one table with another's time).
+    #[must_use]
+    pub fn snapshot(&self) -> (Arc<RuleTable>, SystemTime) {
+        let engine = self.state.engine.load();
+        (Arc::clone(&engine.table), engine.loaded_at)
+    }
+
     /// Puts `table` in force for every call that starts from now on (calls in flight finish
     /// against the table they started with), with [`ServiceOptions::shadow_mode`] applied as
     /// at construction. Returns the rules whose counters the change starts afresh, as
@@ -483,8 +491,10 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
         let Some(limit) = &descriptor.limit else { continue };
         // `validate` refused unknown units.
         let Some(unit) = request::override_unit(limit.unit) else { continue };
-        let keys = descriptor.entries.iter().map(|entry| (entry.key.as_str(), None));
-        let id = policy_id("override", &domain.name, keys);
+        // One policy identifier per domain: the limiters' own metrics label series by it, so
+        // it must not depend on anything a request chooses. The counters stay apart anyway: the
+        // subject holds every entry's key and value, and the fingerprint the limit and unit.
+        let id = policy_id("override", &domain.name, []);
         // The header name lists the entry keys (`domain.key1.key2 (override)`); the rule's path,
         // which metrics and logs show, is one fixed text per domain, so no request can add a
         // metric series.
