@@ -1006,3 +1006,32 @@ async fn a_redis_that_refuses_writes_is_not_ready() {
     wait_for_health(&server, 200, "OK\n", ServingStatus::Serving).await;
     server.stop().await;
 }
+
+/// Regression: `--config` a symbolic link to a directory (`current -> v1`), re-pointed to
+/// another (`v2`) by renaming a new link over it: the swap happens in the link's directory,
+/// which is watched now (polling is hourly here). Edits inside the new target are seen too.
+#[tokio::test]
+async fn a_re_pointed_directory_link_and_edits_in_its_new_target_are_seen() {
+    let root = tempfile::tempdir().unwrap();
+    for (version, text) in [("v1", V1), ("v2", V2)] {
+        std::fs::create_dir(root.path().join(version)).unwrap();
+        std::fs::write(root.path().join(version).join("rules.yaml"), text).unwrap();
+    }
+    let current = root.path().join("current");
+    std::os::unix::fs::symlink("v1", &current).unwrap();
+    let (backend, _clock) = memory();
+    let server = reloading(&current, &backend, Duration::from_secs(3_600)).await;
+    wait_for_rules(&server.service, &V1_RULES).await;
+
+    let next = root.path().join("current.next");
+    std::os::unix::fs::symlink("v2", &next).unwrap();
+    std::fs::rename(&next, &current).unwrap();
+    wait_for_rules(&server.service, &V2_RULES).await;
+
+    // An edit inside v2, now the target: replaced by a rename, as deployment tools do.
+    let staged = root.path().join("v2").join(".rules.yaml.tmp");
+    std::fs::write(&staged, V1).unwrap();
+    std::fs::rename(&staged, root.path().join("v2").join("rules.yaml")).unwrap();
+    wait_for_rules(&server.service, &V1_RULES).await;
+    server.stop().await;
+}
