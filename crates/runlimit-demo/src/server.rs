@@ -15,7 +15,7 @@ use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{
     MigrationError, PostgresGcraLimiter, PostgresLimiter, attempts::PostgresAttemptLimiter,
 };
-use runlimit_redis::{PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter, RedisStore};
+use runlimit_redis::{PrepareError, RedisConfig, RedisConnector, RedisGcraLimiter, RedisLimiter, RedisStore};
 use sqlx::{
     Connection as _,
     postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
@@ -93,8 +93,8 @@ pub enum RunError {
     },
     /// `--redis-url` (or `REDIS_URL`) is not a Redis URL the demo can use.
     #[error(
-        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] \
-         (no TLS, no Unix socket)"
+        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB], \
+         rediss://[USER:PASSWORD@]HOST[:PORT][/DB] (TLS) or redis+unix:///PATH"
     )]
     RedisUrl {
         /// runlimit-redis' reason.
@@ -233,8 +233,8 @@ async fn postgres_pool(args: &Args, url: &str) -> Result<sqlx::PgPool, RunError>
         .connect_lazy_with(options))
 }
 
-/// The two Redis limiters of `--redis-url` (each with its own connection), prepared:
-/// the server checked (Redis 7 or newer, `noeviction`, not cluster mode) and the scripts loaded.
+/// The two Redis limiters of `--redis-url` (sharing one connection), prepared: the server
+/// checked (Redis 7 or newer, `noeviction`) and the scripts loaded.
 async fn redis_limiters(
     args: &Args,
     url: &str,
@@ -244,14 +244,12 @@ async fn redis_limiters(
         .with_maximum_keys_per_shard(args.redis_max_keys_per_shard)
         .map_err(|source| RunError::RedisConfig { source })?;
     let redis = |store| DemoObserver::new("redis", store);
-    let identity = RedisLimiter::new(url)
-        .map_err(|source| RunError::RedisUrl { source })?
+    let connector = RedisConnector::new(url).map_err(|source| RunError::RedisUrl { source })?;
+    let identity = RedisLimiter::from_connector(&connector)
         .with_config(config.clone())
         .with_observer(redis("login-identity"));
-    let items = RedisGcraLimiter::new(url)
-        .map_err(|source| RunError::RedisUrl { source })?
-        .with_config(config)
-        .with_observer(redis("items"));
+    let items =
+        RedisGcraLimiter::from_connector(&connector).with_config(config).with_observer(redis("items"));
     prepare_redis(&identity).await?;
     prepare_redis(&items).await?;
     tracing::info!(

@@ -564,9 +564,10 @@ async fn an_evicting_server_is_refused_at_start_and_losing_redis_fails_closed() 
     assert_eq!(
         last,
         format!(
-            "runlimit-demo: Redis at 127.0.0.1:{} (--redis-url) cannot hold the demo's limits; use a standalone \
+            "runlimit-demo: Redis at 127.0.0.1:{0} (--redis-url) cannot hold the demo's limits; use a standalone \
              Redis 7.0 or newer with maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction): \
-             maxmemory-policy is allkeys-lru: Runlimit needs noeviction, so no quota state is ever evicted",
+             Redis at 127.0.0.1:{0} has maxmemory-policy allkeys-lru: Runlimit needs noeviction, so no quota state \
+             is ever evicted (CONFIG SET maxmemory-policy noeviction)",
             server.port
         )
     );

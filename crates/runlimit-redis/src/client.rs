@@ -16,6 +16,8 @@
 //! which is safe because the script did not run.
 
 use std::{
+    fmt,
+    path::PathBuf,
     sync::{
         Arc, RwLock,
         atomic::{AtomicBool, Ordering},
@@ -24,18 +26,29 @@ use std::{
 };
 
 use redis::{
-    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
-    ServerErrorKind, Value, aio::MultiplexedConnection,
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value,
+    aio::MultiplexedConnection,
 };
-use tokio::{net::TcpStream, time::Instant};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+    time::Instant,
+};
+
+use crate::watch::Watch;
 
 /// Why an operation failed below the script's own logic.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// No live connection within the connect timeout. Nothing was sent.
-    ConnectTimeout(Duration),
-    /// Opening a connection failed. Nothing was sent.
-    Connect(RedisError),
+    /// No live connection to `Node` within the connect timeout. Nothing was sent.
+    ConnectTimeout(Node, Duration),
+    /// Opening a connection to `Node` failed. Nothing was sent.
+    Connect(Node, RedisError),
+    /// The eviction watch found the server at `Node` with an evicting `maxmemory-policy`
+    /// (`String`): nothing was sent.
+    Evicting(Node, String),
+    /// No Sentinel named a reachable primary for the service: nothing was sent.
+    NoPrimary { service: String, sentinels: String, cause: String },
     /// The server answered with an error reply: the script did not write.
     Server(RedisError),
     /// The operation timeout elapsed after the request was handed to the connection.
@@ -88,8 +101,23 @@ impl Live {
     }
 }
 
-/// A server's address.
-pub(crate) type Node = (String, u16);
+/// A server's address: a TCP host and port, or a Unix socket's path.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Node {
+    Tcp(String, u16),
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Node {
+    /// `host:port` (`[v6]:port` for an IPv6 address), or `unix:<path>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(host, port) if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Self::Tcp(host, port) => write!(f, "{host}:{port}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
 
 /// The connection to one server: opened lazily, replaced when its driver ends or an operation
 /// on it fails with an I/O error or a timeout.
@@ -110,7 +138,12 @@ impl Link {
     }
 
     /// A live connection, opening one when there is none, within `timeout`.
-    async fn live(&self, info: &ConnectionInfo, timeout: Duration) -> Result<Live, Failure> {
+    async fn live(
+        &self,
+        info: &ConnectionInfo,
+        tls: Option<&Tls>,
+        timeout: Duration,
+    ) -> Result<Live, Failure> {
         if let Some(live) = self.cached() {
             return Ok(live);
         }
@@ -119,17 +152,46 @@ impl Link {
             if let Some(live) = self.cached() {
                 return Ok(live);
             }
-            let live = open(&self.node, info).await.map_err(Failure::Connect)?;
+            let live = open(&self.node, info, tls)
+                .await
+                .map_err(|error| Failure::Connect(self.node.clone(), error))?;
             *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(live.clone());
             Ok(live)
         };
-        tokio::time::timeout(timeout, open).await.unwrap_or(Err(Failure::ConnectTimeout(timeout)))
+        tokio::time::timeout(timeout, open)
+            .await
+            .unwrap_or_else(|_| Err(Failure::ConnectTimeout(self.node.clone(), timeout)))
     }
 }
 
-async fn open(node: &Node, info: &ConnectionInfo) -> Result<Live, RedisError> {
-    let stream = TcpStream::connect((node.0.as_str(), node.1)).await?;
-    stream.set_nodelay(true)?;
+/// Opens a connection to `node`: TCP (with TLS when `tls` is given) or a Unix socket, then
+/// redis-rs' handshake (authentication, database selection) on it.
+async fn open(node: &Node, info: &ConnectionInfo, tls: Option<&Tls>) -> Result<Live, RedisError> {
+    match node {
+        Node::Tcp(host, port) => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            match tls {
+                Some(tls) => {
+                    let stream = tls.handshake(host, stream).await?;
+                    handshake(info, stream).await
+                }
+                None => handshake(info, stream).await,
+            }
+        }
+        #[cfg(unix)]
+        Node::Unix(path) => handshake(info, tokio::net::UnixStream::connect(path).await?).await,
+        #[cfg(not(unix))]
+        Node::Unix(_) => {
+            Err(RedisError::from((ErrorKind::InvalidClientConfig, "Unix sockets need a Unix platform")))
+        }
+    }
+}
+
+async fn handshake<C>(info: &ConnectionInfo, stream: C) -> Result<Live, RedisError>
+where
+    C: Unpin + AsyncRead + AsyncWrite + Send + 'static,
+{
     // Timeouts are this crate's (the operation timeout); no response timeout of redis-rs.
     let config = AsyncConnectionConfig::new().set_response_timeout(None);
     let (connection, driver) =
@@ -178,11 +240,14 @@ impl SlotMap {
                 _ => return None,
             };
             let Some(Value::Int(port)) = primary.get(1) else { return None };
-            let host = if host.is_empty() || host == "?" { answered.0.clone() } else { host };
+            let host = match answered {
+                Node::Tcp(answered, _) if host.is_empty() || host == "?" => answered.clone(),
+                _ => host,
+            };
             map.ranges.push((
                 u16::try_from(*start).ok()?,
                 u16::try_from(*end).ok()?,
-                (host, u16::try_from(*port).ok()?),
+                Node::Tcp(host, u16::try_from(*port).ok()?),
             ));
         }
         Some(map)
@@ -194,22 +259,86 @@ impl SlotMap {
 pub(crate) struct Connector {
     seed: Node,
     info: ConnectionInfo,
+    tls: Option<Tls>,
     links: RwLock<Vec<Arc<Link>>>,
     slots: RwLock<Option<Arc<SlotMap>>>,
+    /// With Redis Sentinel: where the primary is found (`seed` is then unused).
+    sentinel: Option<Sentinel>,
+    /// The eviction watch's verdict and schedule.
+    pub(crate) watch: Watch,
+}
+
+/// A monitored service's Sentinels and the primary they last named.
+pub(crate) struct Sentinel {
+    service: String,
+    /// Each Sentinel's address, connection settings (its own credentials) and connection.
+    nodes: Vec<(Node, ConnectionInfo, Arc<Link>)>,
+    primary: RwLock<Option<Node>>,
+    /// Set after a failure that may mean the primary moved: the next operation asks again.
+    stale: AtomicBool,
+    asking: tokio::sync::Mutex<()>,
+}
+
+impl Sentinel {
+    /// Sentinels at `nodes` (TCP) monitoring `service`.
+    pub(crate) fn new(service: String, nodes: Vec<(Node, ConnectionInfo)>) -> Self {
+        Self {
+            service,
+            nodes: nodes
+                .into_iter()
+                .map(|(node, info)| (node.clone(), info, Arc::new(Link::new(node))))
+                .collect(),
+            primary: RwLock::new(None),
+            stale: AtomicBool::new(true),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn known(&self) -> Option<Node> {
+        if self.stale.load(Ordering::Acquire) {
+            return None;
+        }
+        self.primary.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn addresses(&self) -> String {
+        self.nodes.iter().map(|(node, _, _)| node.to_string()).collect::<Vec<_>>().join(", ")
+    }
 }
 
 impl std::fmt::Debug for Connector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the password.
-        f.debug_struct("Connector").field("server", &self.seed).finish_non_exhaustive()
+        f.debug_struct("Connector")
+            .field("server", &self.seed.to_string())
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
     }
 }
 
-/// Why a Redis URL was refused.
-#[derive(Debug)]
-pub(crate) enum UrlFailure {
-    Parse(RedisError),
-    Unsupported,
+/// The TLS client of a `rediss://` connector: rustls (with the *ring* provider) through
+/// tokio-rustls, so no OpenSSL is needed.
+pub(crate) struct Tls {
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl Tls {
+    pub(crate) fn new(config: rustls::ClientConfig) -> Self {
+        Self { connector: tokio_rustls::TlsConnector::from(Arc::new(config)) }
+    }
+
+    /// The TLS handshake with `host` (a DNS name or an IP address, verified against the
+    /// server's certificate unless the configuration says otherwise).
+    async fn handshake(
+        &self,
+        host: &str,
+        stream: TcpStream,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, RedisError> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|_| {
+            RedisError::from((ErrorKind::InvalidClientConfig, "the host is not a valid TLS server name"))
+        })?;
+        Ok(self.connector.connect(name, stream).await?)
+    }
 }
 
 /// Whether an error reply says the server does not serve the slot (a cluster redirection or
@@ -227,18 +356,208 @@ fn is_redirection(error: &RedisError) -> bool {
 }
 
 impl Connector {
-    /// A connector for `url` (`redis://[user:password@]host[:port][/db]`). Connects nothing.
-    pub(crate) fn new(url: &str) -> Result<Self, UrlFailure> {
-        let info = url.into_connection_info().map_err(UrlFailure::Parse)?;
-        let ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
-            return Err(UrlFailure::Unsupported);
+    /// A connector for the server of `info` (TCP or a Unix socket; TLS over TCP when `tls` is
+    /// given). Connects nothing. `None` for an address of another kind.
+    pub(crate) fn new(info: ConnectionInfo, tls: Option<Tls>) -> Option<Self> {
+        let seed = match info.addr().clone() {
+            ConnectionAddr::Tcp(host, port) => Node::Tcp(host, port),
+            ConnectionAddr::Unix(path) if tls.is_none() => Node::Unix(path),
+            _ => return None,
         };
-        Ok(Self { seed: (host, port), info, links: RwLock::new(Vec::new()), slots: RwLock::new(None) })
+        Some(Self {
+            seed,
+            info,
+            tls,
+            links: RwLock::new(Vec::new()),
+            slots: RwLock::new(None),
+            sentinel: None,
+            watch: Watch::default(),
+        })
     }
 
-    /// The `host:port` of the URL's server.
+    /// A connector whose primary `sentinel` names; `info` holds the primary's settings
+    /// (credentials, database; its address is unused).
+    pub(crate) fn with_sentinel(info: ConnectionInfo, sentinel: Sentinel) -> Self {
+        Self {
+            seed: Node::Tcp(String::new(), 0),
+            info,
+            tls: None,
+            links: RwLock::new(Vec::new()),
+            slots: RwLock::new(None),
+            sentinel: Some(sentinel),
+            watch: Watch::default(),
+        }
+    }
+
+    /// The URL's server: `host:port` or `unix:<path>` (never credentials); with Sentinel, the
+    /// primary last named, or `sentinel service <name>` before one is known.
     pub(crate) fn address(&self) -> String {
-        format!("{}:{}", self.seed.0, self.seed.1)
+        match &self.sentinel {
+            None => self.seed.to_string(),
+            Some(sentinel) => sentinel
+                .primary
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+                .map_or_else(|| format!("sentinel service {}", sentinel.service), Node::to_string),
+        }
+    }
+
+    /// The server admissions go to outside a cluster: the URL's, or the primary the Sentinels
+    /// name (asked when unknown or after a failure that may mean it moved).
+    pub(crate) async fn target(
+        &self,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<Node, Failure> {
+        match &self.sentinel {
+            None => Ok(self.seed.clone()),
+            Some(sentinel) => match sentinel.known() {
+                Some(primary) => Ok(primary),
+                None => self.ask_sentinels(sentinel, false, connect_timeout, operation_timeout).await,
+            },
+        }
+    }
+
+    /// Asks the Sentinels, in order, for the service's primary until one names a server that
+    /// answers `ROLE` as a primary; before the first admission on a new primary its
+    /// `maxmemory-policy` is read (unless vouched for), so the eviction watch's verdict covers
+    /// it. Within `connect_timeout` per Sentinel.
+    /// `force`: ask even when a primary is known (admissions meanwhile use the known one).
+    async fn ask_sentinels(
+        &self,
+        sentinel: &Sentinel,
+        force: bool,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<Node, Failure> {
+        let _one_at_a_time = sentinel.asking.lock().await;
+        if !force && let Some(primary) = sentinel.known() {
+            return Ok(primary);
+        }
+        let mut cause = String::from("no Sentinel is configured");
+        for (node, info, link) in &sentinel.nodes {
+            match self.ask_one(sentinel, info, link, connect_timeout, operation_timeout).await {
+                Ok(primary) => {
+                    let previous =
+                        sentinel.primary.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                    if previous.as_ref() != Some(&primary) && !self.watch.is_vouched() {
+                        let mut info = redis::cmd("INFO");
+                        info.arg("memory");
+                        if let Ok(reply) =
+                            self.command_on(&primary, &info, connect_timeout, operation_timeout).await
+                            && let Some(text) = crate::store::text(&reply)
+                            && let Some(policy) = crate::watch::policy_of(&text)
+                        {
+                            self.watch.record(&primary, policy);
+                        }
+                    }
+                    *sentinel.primary.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some(primary.clone());
+                    sentinel.stale.store(false, Ordering::Release);
+                    return Ok(primary);
+                }
+                Err(reason) => cause = format!("{node}: {reason}"),
+            }
+        }
+        Err(Failure::NoPrimary { service: sentinel.service.clone(), sentinels: sentinel.addresses(), cause })
+    }
+
+    /// One Sentinel's answer, confirmed by the named server's `ROLE`; the reason otherwise.
+    async fn ask_one(
+        &self,
+        sentinel: &Sentinel,
+        info: &ConnectionInfo,
+        link: &Link,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<Node, String> {
+        let live = link.live(info, None, connect_timeout).await.map_err(|failure| describe(&failure))?;
+        let mut ask = redis::cmd("SENTINEL");
+        ask.arg("GET-MASTER-ADDR-BY-NAME").arg(&sentinel.service);
+        let reply = send(&live, &ask, Instant::now() + operation_timeout, operation_timeout)
+            .await
+            .map_err(|failure| describe(&failure))?;
+        let primary = match &reply {
+            Value::Array(fields) => match (
+                fields.first().and_then(crate::store::text),
+                fields.get(1).and_then(crate::store::text),
+            ) {
+                (Some(host), Some(port)) => port.parse().ok().map(|port| Node::Tcp(host, port)),
+                _ => None,
+            },
+            _ => None,
+        }
+        .ok_or_else(|| format!("does not monitor a service named {}", sentinel.service))?;
+        let role = self
+            .command_on(&primary, &redis::cmd("ROLE"), connect_timeout, operation_timeout)
+            .await
+            .map_err(|failure| format!("names {primary}, which {}", describe(&failure)))?;
+        match &role {
+            Value::Array(fields)
+                if fields.first().and_then(crate::store::text).as_deref() == Some("master") =>
+            {
+                Ok(primary)
+            }
+            _ => Err(format!("names {primary}, which is not a primary (yet)")),
+        }
+    }
+
+    /// Marks the Sentinels' answer stale after `failure`, when it may mean the primary moved.
+    fn after_failure(&self, failure: &Failure) {
+        let Some(sentinel) = &self.sentinel else { return };
+        let moved = match failure {
+            Failure::Connect(..)
+            | Failure::ConnectTimeout(..)
+            | Failure::Timeout(_)
+            | Failure::Connection(_) => true,
+            Failure::Server(error) => {
+                matches!(
+                    error.kind(),
+                    ErrorKind::Server(
+                        ServerErrorKind::ReadOnly
+                            | ServerErrorKind::BusyLoading
+                            | ServerErrorKind::MasterDown
+                    )
+                )
+            }
+            Failure::Evicting(..) | Failure::NoPrimary { .. } => false,
+        };
+        if moved {
+            sentinel.stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// Asks the Sentinels again now (the eviction watch does, every interval). `None` outside
+    /// Sentinel mode.
+    pub(crate) async fn refresh_primary(
+        &self,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Option<Result<Node, Failure>> {
+        let sentinel = self.sentinel.as_ref()?;
+        Some(self.ask_sentinels(sentinel, true, connect_timeout, operation_timeout).await)
+    }
+
+    /// Whether connections use TLS.
+    pub(crate) fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The servers admissions go to: the cluster's primaries once known, else the URL's
+    /// server.
+    pub(crate) fn servers(&self) -> Vec<Node> {
+        if let Some(sentinel) = &self.sentinel {
+            return sentinel
+                .primary
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .collect();
+        }
+        let map = self.slots.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        map.map_or_else(|| vec![self.seed.clone()], |map| map.primaries())
     }
 
     /// The link to `node`, created on first use.
@@ -287,11 +606,6 @@ impl Connector {
         Ok(primaries)
     }
 
-    /// The URL's server.
-    pub(crate) fn seed(&self) -> &Node {
-        &self.seed
-    }
-
     /// Runs `evalsha` (of `script`, from [`Script::evalsha`], every key in hash slot `slot`) on
     /// the server of `slot`: one `EVALSHA`, and after `NOSCRIPT` one `SCRIPT LOAD` and one more `EVALSHA`, all
     /// within `operation_timeout` once a connection is at hand (obtained within
@@ -305,8 +619,29 @@ impl Connector {
         connect_timeout: Duration,
         operation_timeout: Duration,
     ) -> Result<Value, Failure> {
-        let link = self.route(slot);
-        let live = link.live(&self.info, connect_timeout).await?;
+        if let Some((node, policy)) = self.watch.evicting() {
+            return Err(Failure::Evicting(node, policy));
+        }
+        let result = self.run_on_target(script, slot, evalsha, connect_timeout, operation_timeout).await;
+        if let Err(failure) = &result {
+            self.after_failure(failure);
+        }
+        result
+    }
+
+    async fn run_on_target(
+        &self,
+        script: &Script,
+        slot: u16,
+        evalsha: &redis::Cmd,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<Value, Failure> {
+        let link = match &self.sentinel {
+            None => self.route(slot),
+            Some(_) => self.link(&self.target(connect_timeout, operation_timeout).await?),
+        };
+        let live = link.live(&self.info, self.tls.as_ref(), connect_timeout).await?;
         let deadline = Instant::now() + operation_timeout;
         let result = match send(&live, evalsha, deadline, operation_timeout).await {
             Err(Failure::Server(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -334,9 +669,21 @@ impl Connector {
         connect_timeout: Duration,
         operation_timeout: Duration,
     ) -> Result<Value, Failure> {
-        let live = self.link(node).live(&self.info, connect_timeout).await?;
+        let live = self.link(node).live(&self.info, self.tls.as_ref(), connect_timeout).await?;
         let deadline = Instant::now() + operation_timeout;
         send(&live, command, deadline, operation_timeout).await
+    }
+}
+
+/// A failure's cause in a few words, for a Sentinel's reason.
+fn describe(failure: &Failure) -> String {
+    match failure {
+        Failure::ConnectTimeout(_, timeout) => format!("did not connect within {timeout:?}"),
+        Failure::Connect(_, error) | Failure::Connection(error) => error.to_string(),
+        Failure::Server(error) => format!("refused with {}", error.code().unwrap_or("ERR")),
+        Failure::Timeout(timeout) => format!("did not answer within {timeout:?}"),
+        Failure::Evicting(_, policy) => format!("has maxmemory-policy {policy}"),
+        Failure::NoPrimary { cause, .. } => cause.clone(),
     }
 }
 

@@ -56,6 +56,14 @@ pub enum ConfigError {
     /// an ASCII letter, digit, `.`, `_`, `-` or `:` (braces would change the hash slot).
     #[error("key prefix must be 1 to {MAX_KEY_PREFIX_LEN} ASCII letters, digits, '.', '_', '-' or ':'")]
     InvalidKeyPrefix,
+    /// An eviction watch interval was outside
+    /// [`MIN_EVICTION_WATCH_INTERVAL`](crate::MIN_EVICTION_WATCH_INTERVAL) to
+    /// [`MAX_EVICTION_WATCH_INTERVAL`](crate::MAX_EVICTION_WATCH_INTERVAL).
+    #[error("eviction watch interval {interval:?} is outside 10 ms to 1 hour")]
+    EvictionWatchIntervalOutOfRange {
+        /// The rejected interval.
+        interval: Duration,
+    },
 }
 
 /// The namespace every Redis key of a limiter starts with: 1 to [`MAX_KEY_PREFIX_LEN`] ASCII

@@ -23,21 +23,53 @@ use crate::client::Failure;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckError {
-    /// No connection could be obtained within
+    /// No connection to the server at `address` could be obtained within
     /// [`connect_timeout`](crate::RedisConfig::connect_timeout) (a reconnect in progress, a
-    /// slow TCP connect or handshake). Nothing was sent.
-    #[error("timed out after {timeout:?} obtaining a Redis connection")]
+    /// slow TCP connect, TLS or protocol handshake). Nothing was sent.
+    #[error("timed out after {timeout:?} connecting to Redis at {address}")]
     ConnectTimeout {
+        /// The server tried: `host:port` or `unix:<path>` (never credentials).
+        address: String,
         /// The configured connect timeout.
         timeout: Duration,
     },
-    /// Opening a connection failed (refused, unreachable, authentication or handshake
-    /// failure). Nothing was sent.
-    #[error("failed to open a Redis connection")]
+    /// Opening a connection to the server at `address` failed: refused, unreachable, a TLS
+    /// failure (an untrusted certificate, one issued for another host name, a client
+    /// certificate the server refused), or an authentication or handshake failure. Nothing
+    /// was sent. The message gives the cause (`cause`'s message).
+    #[error("could not connect to Redis at {address}: {cause}")]
     Connect {
-        /// redis-rs' error.
-        #[source]
-        source: RedisError,
+        /// The server tried: `host:port` or `unix:<path>` (never credentials).
+        address: String,
+        /// redis-rs' error (TLS failures are its I/O errors, carrying rustls' error). Not
+        /// reported as [`source`](std::error::Error::source): the message already says it.
+        cause: RedisError,
+    },
+    /// The [eviction watch](crate::RedisConnector#the-eviction-watch) (or the last
+    /// [`prepare`](crate::RedisStore::prepare)) found the server at `address` with the
+    /// evicting `maxmemory-policy` `policy`: every operation fails closed, before anything is
+    /// sent, until a reading of `noeviction`.
+    #[error(
+        "Redis at {address} has maxmemory-policy {policy}, which would evict quota state: refusing every \
+         operation until it is noeviction"
+    )]
+    EvictingServer {
+        /// The server: `host:port` or `unix:<path>`.
+        address: String,
+        /// The policy read, such as `allkeys-lru`.
+        policy: String,
+    },
+    /// With [Redis Sentinel](crate::RedisSentinel): no Sentinel named a primary that answers
+    /// as one (every Sentinel unreachable, none monitoring the service, or a failover in
+    /// progress). Nothing was sent.
+    #[error("no Sentinel of {sentinels} named a reachable primary for service {service}: {cause}")]
+    NoPrimary {
+        /// The monitored service's name.
+        service: String,
+        /// The Sentinels asked, `host:port` separated by `, `.
+        sentinels: String,
+        /// The last Sentinel's reason: `<address>: <why>`.
+        cause: String,
     },
     /// The server answered with an error reply: the script was refused before it ran
     /// (`NOSCRIPT` after a reload, `OOM` over `maxmemory`, `BUSY`, `READONLY` on a replica,
@@ -85,9 +117,11 @@ impl CheckError {
     #[must_use]
     pub fn consumption(&self) -> ConsumptionStatus {
         match self {
-            Self::ConnectTimeout { .. } | Self::Connect { .. } | Self::Server { .. } => {
-                ConsumptionStatus::NotConsumed
-            }
+            Self::ConnectTimeout { .. }
+            | Self::Connect { .. }
+            | Self::EvictingServer { .. }
+            | Self::NoPrimary { .. }
+            | Self::Server { .. } => ConsumptionStatus::NotConsumed,
             Self::Timeout { .. } | Self::Connection { .. } => ConsumptionStatus::MayHaveBeenConsumed,
             Self::MalformedReply { consumption, .. } => *consumption,
         }
@@ -97,8 +131,12 @@ impl CheckError {
 impl From<Failure> for CheckError {
     fn from(failure: Failure) -> Self {
         match failure {
-            Failure::ConnectTimeout(timeout) => Self::ConnectTimeout { timeout },
-            Failure::Connect(source) => Self::Connect { source },
+            Failure::ConnectTimeout(node, timeout) => {
+                Self::ConnectTimeout { address: node.to_string(), timeout }
+            }
+            Failure::Connect(node, cause) => Self::Connect { address: node.to_string(), cause },
+            Failure::Evicting(node, policy) => Self::EvictingServer { address: node.to_string(), policy },
+            Failure::NoPrimary { service, sentinels, cause } => Self::NoPrimary { service, sentinels, cause },
             Failure::Server(source) => Self::Server { code: code(&source), source },
             Failure::Timeout(timeout) => Self::Timeout { timeout },
             Failure::Connection(source) => Self::Connection { source },
@@ -203,21 +241,40 @@ impl MaintenanceError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PrepareError {
-    /// The server could not be reached or answered with an error.
-    #[error("could not prepare the Redis server")]
-    Unreachable(#[source] CheckError),
+    /// The server could not be reached or answered with an error; the message says which
+    /// server and why.
+    #[error("could not prepare the Redis server: {0}")]
+    Unreachable(CheckError),
+    /// The Redis user may not run `INFO` (an ACL `NOPERM` reply), which `prepare` reads to
+    /// check the version and `maxmemory-policy`.
+    #[error(
+        "the Redis user may not run INFO at {address}, so the server's maxmemory-policy cannot be checked: grant \
+         the user +info, or vouch for noeviction with RedisConnector::vouch_for_noeviction"
+    )]
+    InfoNotPermitted {
+        /// The server: `host:port` or `unix:<path>`.
+        address: String,
+    },
     /// The server is older than Redis 7.0, whose scripts replicate their effects (so `TIME`
     /// inside a script is safe) and accept flags (so an out-of-memory server refuses them
     /// before they run).
-    #[error("Redis {version} is too old: Runlimit needs Redis 7.0 or newer")]
+    #[error("Redis {version} at {address} is too old: Runlimit needs Redis 7.0 or newer")]
     ServerTooOld {
+        /// The server: `host:port` or `unix:<path>`.
+        address: String,
         /// The `redis_version` the server reported.
         version: String,
     },
     /// The server's `maxmemory-policy` is not `noeviction`: eviction would silently delete
-    /// quota state and reset limits.
-    #[error("maxmemory-policy is {policy}: Runlimit needs noeviction, so no quota state is ever evicted")]
+    /// quota state and reset limits. Operations through the limiter's connector fail with
+    /// [`CheckError::EvictingServer`] from then on, until a reading of `noeviction`.
+    #[error(
+        "Redis at {address} has maxmemory-policy {policy}: Runlimit needs noeviction, so no quota state is ever \
+         evicted (CONFIG SET maxmemory-policy noeviction)"
+    )]
     EvictionPolicy {
+        /// The server: `host:port` or `unix:<path>`.
+        address: String,
         /// The policy the server reported.
         policy: String,
     },
@@ -229,17 +286,87 @@ pub enum PrepareError {
     },
 }
 
-/// Why a Redis URL was refused by [`RedisStore::new`](crate::RedisStore::new).
+/// Why a Redis URL was refused by [`RedisConnector::new`](crate::RedisConnector::new),
+/// [`RedisConnector::with_tls`](crate::RedisConnector::with_tls) or
+/// [`RedisStore::new`](crate::RedisStore::new).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum UrlError {
     /// The URL is not a Redis URL redis-rs can parse.
-    #[error("invalid Redis URL")]
-    Invalid(#[source] RedisError),
-    /// The URL names a transport this crate does not open (a Unix socket): only
-    /// `redis://host[:port][/db]` with optional credentials. (A TLS `rediss://` URL is
-    /// [`Invalid`](Self::Invalid): this build has no TLS support, and redis-rs refuses it while
-    /// parsing.)
-    #[error("unsupported Redis URL: only redis://host[:port][/db] is supported")]
+    #[error("invalid Redis URL: {0}")]
+    Invalid(RedisError),
+    /// The URL names a transport this crate does not open: see the URL table of
+    /// [`RedisConnector`](crate::RedisConnector).
+    #[error(
+        "unsupported Redis URL: use redis://host[:port][/db], rediss://host[:port][/db] (TLS) or \
+         redis+unix:///path/to/socket"
+    )]
     UnsupportedScheme,
+    /// A [`RedisSentinel`](crate::RedisSentinel) was given no Sentinel or an empty service
+    /// name.
+    #[error("Redis Sentinel needs a service name and at least one Sentinel URL")]
+    NoSentinels,
+    /// TLS settings were given for a URL that is not `rediss://`.
+    #[error("TLS settings were given for a URL that is not rediss://: use rediss://host[:port]")]
+    TlsNeedsRediss,
+    /// The TLS settings could not be used.
+    #[error("cannot set up TLS for Redis: {0}")]
+    Tls(TlsError),
+}
+
+/// Why [`RedisTls`](crate::RedisTls) settings were refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// Not one trusted root certificate could be loaded from the operating system.
+    #[error(
+        "no trusted root certificate could be loaded from the system ({errors} errors): install the CA \
+         certificates (Debian/Ubuntu: ca-certificates), set SSL_CERT_FILE, or give the CA with RedisTls::with_ca_file"
+    )]
+    NoSystemRoots {
+        /// How many errors the loader reported.
+        errors: usize,
+    },
+    /// The CA file could not be read.
+    #[error("could not read the CA file {}: {source}", path.display())]
+    ReadCaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A PEM document was malformed, or held no item of the expected kind.
+    #[error("{what} is not valid PEM: {detail}")]
+    InvalidPem {
+        /// `"the CA PEM"`, `"the client certificate chain"` or `"the client key"`.
+        what: &'static str,
+        /// The parser's message.
+        detail: String,
+    },
+    /// A PEM document held no `CERTIFICATE` block.
+    #[error("{what} holds no PEM certificate")]
+    NoCertificates {
+        /// `"the CA PEM"` or `"the client certificate chain"`.
+        what: &'static str,
+    },
+    /// A certificate could not be used as a trust anchor.
+    #[error("a certificate of {what} cannot be trusted as a root: {detail}")]
+    InvalidCertificate {
+        /// `"the CA PEM"`.
+        what: &'static str,
+        /// rustls' message.
+        detail: String,
+    },
+    /// rustls refused the client certificate or its key (such as a key that does not match).
+    #[error("the client certificate or key was refused: {detail}")]
+    InvalidClientCertificate {
+        /// rustls' message.
+        detail: String,
+    },
+    /// rustls refused the configuration.
+    #[error("the TLS configuration was refused: {detail}")]
+    Configuration {
+        /// rustls' message.
+        detail: String,
+    },
 }

@@ -119,9 +119,22 @@
 //! [`CheckError::Server`] (the script did not run) and the slot map is read again, so the next
 //! admission goes where the cluster now says. Admissions never go to replicas.
 //!
+//! # Connections
+//!
+//! A [`RedisConnector`] holds one multiplexed connection per server (per cluster primary) and
+//! is shared by every limiter built from it ([`RedisStore::from_connector`]), so a process
+//! needs one per Redis deployment. It opens TCP (`redis://`), TLS (`rediss://`, rustls with
+//! the system's roots or a [`RedisTls`] of your own: a private CA, a client certificate) and
+//! Unix sockets (`redis+unix://`, `unix://`), authenticates ACL users, and runs the
+//! [eviction watch](RedisConnector#the-eviction-watch): an evicting `maxmemory-policy` set
+//! after [`RedisStore::prepare`] makes every operation fail closed within one interval (1 s by
+//! default). Every connection-level error names the server it tried and the cause.
+//!
 //! # Servers
 //!
-//! Tested against Redis 7.0.15. Valkey speaks the same protocol but has not been tested.
+//! Tested against Redis 7.0.15 (TCP, TLS, Unix sockets, ACL users, Redis Cluster). Valkey
+//! speaks the same protocol but has not been tested: no Valkey server package was installable
+//! on the test machine (Debian 12).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
@@ -130,18 +143,24 @@
 mod algorithm;
 mod client;
 mod config;
+mod connector;
 mod error;
 mod layout;
 mod observe;
 mod store;
+mod watch;
 
 pub use crate::algorithm::RedisAlgorithm;
 pub use crate::config::{
     ConfigError, KeyPrefix, MAX_EXPIRED_REMOVALS_PER_CHECK, MAX_KEY_PREFIX_LEN, MAX_KEYS_PER_SHARD,
     MAX_TIMEOUT, Placement, RedisConfig, SHARDS,
 };
-pub use crate::error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, UrlError};
+pub use crate::connector::{RedisConnector, RedisSentinel, RedisTls};
+pub use crate::error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, TlsError, UrlError};
 pub use crate::store::{RedisGcraLimiter, RedisLimiter, RedisStore};
+pub use crate::watch::{
+    DEFAULT_EVICTION_WATCH_INTERVAL, MAX_EVICTION_WATCH_INTERVAL, MIN_EVICTION_WATCH_INTERVAL,
+};
 
 /// This crate's README (what crates.io shows), compiled as doctests so it stays true.
 #[cfg(doctest)]

@@ -14,8 +14,9 @@ use runlimit_core::{
 
 use crate::{
     algorithm::{RedisAlgorithm, Verdict, is_state},
-    client::{Connector, Failure, Node, Script, UrlFailure},
+    client::{Connector, Failure, Node, Script},
     config::{Placement, RedisConfig, SHARDS},
+    connector::RedisConnector,
     error::{BatchCheckError, CheckError, MaintenanceError, PrepareError, UrlError},
     layout::{Layout, Place},
     observe,
@@ -84,25 +85,30 @@ pub struct RedisStore<P, O = ()> {
 }
 
 impl<P: RedisAlgorithm> RedisStore<P, ()> {
-    /// A limiter for the server at `url` (`redis://[user:password@]host[:port][/db]`) with the
-    /// default [`RedisConfig`] and no observer. Nothing is connected until the first operation;
-    /// call [`prepare`](Self::prepare) before serving traffic.
+    /// A limiter for the server at `url` (any URL of [`RedisConnector`]'s table) with a
+    /// connector of its own, the default [`RedisConfig`] and no observer: shorthand for
+    /// [`from_connector`](Self::from_connector) of [`RedisConnector::new`]`(url)`. A process
+    /// with several limiters should build them from one connector instead (one connection).
+    /// Nothing is connected until the first operation; call [`prepare`](Self::prepare) before
+    /// serving traffic.
     ///
     /// # Errors
     ///
-    /// [`UrlError::Invalid`] for a URL redis-rs cannot parse, including `rediss://` (this build
-    /// has no TLS support); [`UrlError::UnsupportedScheme`] for a Unix socket.
+    /// Those of [`RedisConnector::new`].
     pub fn new(url: &str) -> Result<Self, UrlError> {
-        let connector = Connector::new(url).map_err(|failure| match failure {
-            UrlFailure::Parse(error) => UrlError::Invalid(error),
-            UrlFailure::Unsupported => UrlError::UnsupportedScheme,
-        })?;
-        Ok(Self {
-            connector: Arc::new(connector),
+        Ok(Self::from_connector(&RedisConnector::new(url)?))
+    }
+
+    /// A limiter on `connector`'s connections (shared with every other limiter built from it),
+    /// with the default [`RedisConfig`] and no observer. Connects nothing.
+    #[must_use]
+    pub fn from_connector(connector: &RedisConnector) -> Self {
+        Self {
+            connector: Arc::clone(&connector.inner),
             settings: Arc::new(Settings::new::<P>(RedisConfig::default())),
             observer: (),
             policy: PhantomData,
-        })
+        }
     }
 }
 
@@ -122,10 +128,16 @@ impl<P, O> RedisStore<P, O> {
         &self.observer
     }
 
-    /// The server's `host:port`.
+    /// The server's `host:port` (or `unix:<path>`).
     #[must_use]
     pub fn address(&self) -> String {
         self.connector.address()
+    }
+
+    /// The connector this limiter uses, to build more limiters on the same connections.
+    #[must_use]
+    pub fn connector(&self) -> RedisConnector {
+        RedisConnector { inner: Arc::clone(&self.connector) }
     }
 }
 
@@ -212,7 +224,8 @@ pub(crate) struct Admission {
     pub(crate) headroom: Option<ShardHeadroom>,
 }
 
-fn text(value: &Value) -> Option<String> {
+/// A reply's text (bulk, simple or integer).
+pub(crate) fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
         Value::SimpleString(text) => Some(text.clone()),
@@ -366,21 +379,32 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         self.connector.run(script, self.settings.layout.slot(shard), evalsha, connect, operation).await
     }
 
-    /// Checks one server (or cluster primary) and loads the scripts there.
+    /// Checks one server (or cluster primary) and loads the scripts there. Reads no `INFO`
+    /// when the operator vouched for the server.
     async fn prepare_node(&self, node: &Node) -> Result<(), PrepareError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("server").arg("memory");
-        let reply = self.command_on(node, &info).await.map_err(PrepareError::Unreachable)?;
-        let info = text(&reply).unwrap_or_default();
-        let version = info_field(&info, "redis_version")?;
-        let mut parts = version.split('.').map(|part| part.parse::<u32>().unwrap_or(0));
-        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        if (major, minor) < (7, 0) {
-            return Err(PrepareError::ServerTooOld { version: version.to_owned() });
-        }
-        let policy = info_field(&info, "maxmemory_policy")?;
-        if policy != "noeviction" {
-            return Err(PrepareError::EvictionPolicy { policy: policy.to_owned() });
+        let watch = &self.connector.watch;
+        if !watch.is_vouched() {
+            let mut info = redis::cmd("INFO");
+            info.arg("server").arg("memory");
+            let reply = self.command_on(node, &info).await.map_err(|error| refused(node, error))?;
+            let info = text(&reply).unwrap_or_default();
+            let version = info_field(&info, "redis_version")?;
+            let mut parts = version.split('.').map(|part| part.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            if (major, minor) < (7, 0) {
+                return Err(PrepareError::ServerTooOld {
+                    address: node.to_string(),
+                    version: version.to_owned(),
+                });
+            }
+            let policy = info_field(&info, "maxmemory_policy")?;
+            watch.record(node, policy);
+            if policy != "noeviction" {
+                return Err(PrepareError::EvictionPolicy {
+                    address: node.to_string(),
+                    policy: policy.to_owned(),
+                });
+            }
         }
         let settings = &self.settings;
         for script in [&settings.admit, &settings.peek, &settings.reset, &settings.cleanup] {
@@ -398,32 +422,55 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
     /// loads every script with `SCRIPT LOAD` (admissions also reload a script the server lost,
     /// once, after `NOSCRIPT`). When the URL's server runs in cluster mode it reads the slot map
     /// (`CLUSTER SLOTS`), routes every operation to the primary of its hash slot from then on,
-    /// and checks and loads every primary. It writes no key.
+    /// and checks and loads every primary. It writes no key. A server found with an evicting
+    /// policy makes every operation through the limiter's
+    /// [connector](crate::RedisConnector) fail until a reading of `noeviction`; the first
+    /// successful `prepare` starts the connector's
+    /// [eviction watch](crate::RedisConnector#the-eviction-watch). When the operator
+    /// [vouched](crate::RedisConnector::vouch_for_noeviction) for the server, no `INFO` is
+    /// read: a cluster is detected by `CLUSTER SLOTS` (a server that refuses it, by error or
+    /// by ACL, is taken as standalone).
     ///
     /// # Errors
     ///
     /// [`PrepareError::Unreachable`] when a server cannot be reached or answers an error;
+    /// [`PrepareError::InfoNotPermitted`] when the Redis user may not run `INFO`;
     /// [`PrepareError::ServerTooOld`] and [`PrepareError::EvictionPolicy`] for a server that
     /// cannot keep the guarantees; [`PrepareError::MissingInfo`] when `INFO` lacks a field it
     /// reads.
     pub async fn prepare(&self) -> Result<(), PrepareError> {
-        let seed = self.connector.seed().clone();
-        let mut info = redis::cmd("INFO");
-        info.arg("cluster");
-        let reply = self.command_on(&seed, &info).await.map_err(PrepareError::Unreachable)?;
-        let info = text(&reply).unwrap_or_default();
-        if info_field(&info, "cluster_enabled")? == "0" {
-            return self.prepare_node(&seed).await;
-        }
         let (connect, operation) = self.timeouts();
-        let primaries = self
+        let seed = self
             .connector
-            .discover(&seed, connect, operation)
+            .target(connect, operation)
             .await
             .map_err(|failure| PrepareError::Unreachable(failure.into()))?;
-        for node in &primaries {
+        let cluster = if self.connector.watch.is_vouched() {
+            match self.connector.discover(&seed, connect, operation).await {
+                Ok(primaries) => Some(primaries),
+                Err(Failure::Server(_)) => None,
+                Err(failure) => return Err(PrepareError::Unreachable(failure.into())),
+            }
+        } else {
+            let mut info = redis::cmd("INFO");
+            info.arg("cluster");
+            let reply = self.command_on(&seed, &info).await.map_err(|error| refused(&seed, error))?;
+            let info = text(&reply).unwrap_or_default();
+            if info_field(&info, "cluster_enabled")? == "0" {
+                None
+            } else {
+                let primaries = self
+                    .connector
+                    .discover(&seed, connect, operation)
+                    .await
+                    .map_err(|failure| PrepareError::Unreachable(failure.into()))?;
+                Some(primaries)
+            }
+        };
+        for node in cluster.as_deref().unwrap_or(std::slice::from_ref(&seed)) {
             self.prepare_node(node).await?;
         }
+        crate::watch::start(&self.connector, (connect, operation));
         Ok(())
     }
 
@@ -665,6 +712,17 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         }
         let result = result.map(|()| removed).map_err(|error| MaintenanceError::new(error, removed));
         observe::finish_cleanup(&self.observer, maximum, result, started)
+    }
+}
+
+/// `prepare`'s error for a failed `INFO`: [`PrepareError::InfoNotPermitted`] for an ACL
+/// refusal, else [`PrepareError::Unreachable`].
+fn refused(node: &Node, error: CheckError) -> PrepareError {
+    match &error {
+        CheckError::Server { code, .. } if code == "NOPERM" => {
+            PrepareError::InfoNotPermitted { address: node.to_string() }
+        }
+        _ => PrepareError::Unreachable(error),
     }
 }
 

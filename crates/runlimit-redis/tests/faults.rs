@@ -480,11 +480,15 @@ fn assert_server_error(error: &CheckError, expected_code: &str, expected_detail:
     assert_eq!(error.to_string(), format!("Redis refused the operation with {expected_code}"));
 }
 
+/// A `Connect` error naming `address`, not consumed.
 #[track_caller]
-fn assert_connect(error: &CheckError) {
-    assert!(matches!(error, CheckError::Connect { .. }), "expected Connect, got {error:?}");
+fn assert_connect(error: &CheckError, address: &str) {
+    let CheckError::Connect { address: tried, .. } = error else { panic!("expected Connect, got {error:?}") };
+    assert_eq!(tried, address);
     assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
-    assert_eq!(error.to_string(), "failed to open a Redis connection");
+    let message = error.to_string();
+    let cause = message.strip_prefix(&format!("could not connect to Redis at {address}: "));
+    assert!(cause.is_some_and(|cause| !cause.is_empty()), "{message}");
 }
 
 #[track_caller]
@@ -551,20 +555,25 @@ fn a_connection_cut_before_the_request_is_written_consumes_nothing() {
         .await;
 
         let error = limiter.check(&one).await.expect_err("no connection");
-        assert_connect(&error);
+        assert_connect(&error, &limiter.address());
         let error = limiter.check_all(&[one, two]).await.expect_err("no connection");
-        assert_connect(batch_cause(&error));
+        assert_connect(batch_cause(&error), &limiter.address());
 
         // A connection that opens but never completes its handshake: the connect timeout.
         proxy.accept(Accepting::Hold);
         let impatient =
             limiter.clone().with_config(keys.config().with_connect_timeout(SHORT).expect("valid"));
         let error = impatient.check(&one).await.expect_err("no handshake");
-        assert!(matches!(error, CheckError::ConnectTimeout { timeout } if timeout == SHORT), "{error:?}");
+        assert!(matches!(error, CheckError::ConnectTimeout { timeout, .. } if timeout == SHORT), "{error:?}");
         assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
-        assert_eq!(error.to_string(), "timed out after 200ms obtaining a Redis connection");
+        assert_eq!(
+            error.to_string(),
+            format!("timed out after 200ms connecting to Redis at {}", limiter.address())
+        );
         let error = impatient.check_all(&[one, two]).await.expect_err("no handshake");
-        assert!(matches!(batch_cause(&error), CheckError::ConnectTimeout { timeout } if *timeout == SHORT));
+        assert!(
+            matches!(batch_cause(&error), CheckError::ConnectTimeout { timeout, .. } if *timeout == SHORT)
+        );
 
         // Nothing reached the server and nothing changed.
         assert_eq!(proxy.traffic.sent(), sent);
@@ -685,7 +694,9 @@ fn c_a_reply_slower_than_the_operation_timeout_may_have_consumed() {
         // The timed-out connection was replaced: the new one's handshake reply is held back
         // too, so this batch never gets a connection and sends nothing.
         let error = limiter.check_all(&[one]).await.expect_err("the handshake reply is held back");
-        assert!(matches!(batch_cause(&error), CheckError::ConnectTimeout { timeout } if *timeout == SHORT));
+        assert!(
+            matches!(batch_cause(&error), CheckError::ConnectTimeout { timeout, .. } if *timeout == SHORT)
+        );
         assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
         assert_eq!(keys.stored(FW, &one).await, Some(format!("{deadline}:2")));
 
@@ -713,21 +724,36 @@ fn c_a_reply_slower_than_the_operation_timeout_may_have_consumed() {
 #[ignore = "needs RUNLIMIT_REDIS_TEST_URL"]
 fn nothing_listening_is_connect_and_not_consumed() {
     support::runtime().block_on(async {
-        let limiter = RedisLimiter::new(&format!("redis://127.0.0.1:{}", support::free_port()))
+        let port = support::free_port();
+        let address = format!("127.0.0.1:{port}");
+        let limiter = RedisLimiter::new(&format!("redis://:a-password@127.0.0.1:{port}"))
             .expect("a valid URL")
             .with_config(RedisConfig::default().with_key_prefix(KeyPrefix::new("unused").expect("valid")));
         let policy = fixed_window("faults.nothing-listening", 10, 60_000);
         let one = check(&policy, subject(1, 1));
-        assert_connect(&limiter.check(&one).await.expect_err("nothing listens"));
-        assert_connect(batch_cause(&limiter.check_all(&[one]).await.expect_err("nothing listens")));
-        assert_connect(&limiter.peek(one.subject().bind(&policy)).await.expect_err("nothing listens"));
+        let error = limiter.check(&one).await.expect_err("nothing listens");
+        assert_connect(&error, &address);
+        // The address and the cause, never the password.
+        assert_eq!(
+            error.to_string(),
+            format!("could not connect to Redis at {address}: Connection refused (os error 111)")
+        );
+        assert!(!format!("{error:?}").contains("a-password"));
+        assert_connect(batch_cause(&limiter.check_all(&[one]).await.expect_err("nothing listens")), &address);
+        assert_connect(&limiter.peek(one.subject().bind(&policy)).await.expect_err("nothing listens"), &address);
         let error = limiter.reset(one.subject().bind(&policy)).await.expect_err("nothing listens");
-        assert_connect(error.cause());
+        assert_connect(error.cause(), &address);
         assert!(!error.may_have_removed_entries());
         let error = limiter.prepare().await.expect_err("nothing listens");
-        assert_eq!(error.to_string(), "could not prepare the Redis server");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "could not prepare the Redis server: could not connect to Redis at {address}: Connection refused \
+                 (os error 111)"
+            )
+        );
         let PrepareError::Unreachable(cause) = &error else { panic!("expected Unreachable, got {error:?}") };
-        assert_connect(cause);
+        assert_connect(cause, &address);
     });
 }
 
@@ -815,12 +841,16 @@ fn prepare_refuses_eviction_policies() {
                 gcra_limiter.prepare().await.expect_err("an evicting server"),
             ] {
                 assert!(
-                    matches!(&error, PrepareError::EvictionPolicy { policy: reported } if reported == policy),
+                    matches!(&error, PrepareError::EvictionPolicy { policy: reported, .. } if reported == policy),
                     "{error:?}"
                 );
                 assert_eq!(
                     error.to_string(),
-                    format!("maxmemory-policy is {policy}: Runlimit needs noeviction, so no quota state is ever evicted")
+                    format!(
+                        "Redis at 127.0.0.1:{} has maxmemory-policy {policy}: Runlimit needs noeviction, so no quota \
+                         state is ever evicted (CONFIG SET maxmemory-policy noeviction)",
+                        server.port()
+                    )
                 );
             }
         }

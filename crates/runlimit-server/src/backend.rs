@@ -9,7 +9,7 @@ use std::{
 use runlimit_memory::{Clock, GcraStore, MemoryStore, MemoryStoreConfig, SystemClock};
 use runlimit_metrics::MetricsObserver;
 use runlimit_postgres::{MigrationError, PostgresConfig, PostgresGcraLimiter, PostgresLimiter};
-use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig, RedisGcraLimiter, RedisLimiter};
+use runlimit_redis::{KeyPrefix, PrepareError, RedisConfig, RedisConnector, RedisGcraLimiter, RedisLimiter};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{Algorithm, RuleTable};
@@ -212,8 +212,9 @@ impl Backend {
         Self { kind: Kind::Memory(Arc::new(memory)) }
     }
 
-    /// Redis at `url` (`redis://[USER:PASSWORD@]HOST[:PORT][/DB]`): one connection per
-    /// algorithm, opened by [`prepare`](Self::prepare). `config`'s key prefix is the base of
+    /// Redis at `url` (`redis://[USER:PASSWORD@]HOST[:PORT][/DB]`, `rediss://` for TLS with the
+    /// system's trusted roots, or `redis+unix:///PATH`): one connection (per cluster primary)
+    /// shared by both algorithms and every domain, opened by [`prepare`](Self::prepare). `config`'s key prefix is the base of
     /// every domain's prefix (at most [`MAX_REDIS_KEY_PREFIX_LEN`] bytes); its placement is
     /// ignored (each domain is one hash slot, see the type's docs).
     ///
@@ -226,8 +227,9 @@ impl Backend {
         if prefix.len() > MAX_REDIS_KEY_PREFIX_LEN {
             return Err(BackendError::RedisKeyPrefix { prefix });
         }
-        let fixed = RedisLimiter::new(url).map_err(|source| BackendError::RedisUrl { source })?;
-        let gcra = RedisGcraLimiter::new(url).map_err(|source| BackendError::RedisUrl { source })?;
+        let connector = RedisConnector::new(url).map_err(|source| BackendError::RedisUrl { source })?;
+        let fixed = RedisLimiter::from_connector(&connector);
+        let gcra = RedisGcraLimiter::from_connector(&connector);
         Ok(Self {
             kind: Kind::Redis {
                 fixed: fixed.with_config(config.clone()).with_observer(observer("redis", None)),

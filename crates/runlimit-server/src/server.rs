@@ -85,8 +85,8 @@ pub enum RunError {
     },
     /// `--redis-url` is not a Redis URL runlimit-redis can use.
     #[error(
-        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] (no TLS, no Unix \
-         socket)"
+        "--redis-url is not a usable Redis URL; expected redis://[USER:PASSWORD@]HOST[:PORT][/DB], \
+         rediss://[USER:PASSWORD@]HOST[:PORT][/DB] (TLS) or redis+unix:///PATH"
     )]
     RedisUrl {
         /// runlimit-redis' reason.

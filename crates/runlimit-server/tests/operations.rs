@@ -866,7 +866,8 @@ async fn health_follows_the_redis_server() {
     assert_eq!(counts(&response), [(Code::Ok, Some((5, HOUR)), 4)]);
 
     redis.stop();
-    let refused = "failed to open a Redis connection: Connection refused (os error 111)";
+    let refused =
+        format!("could not connect to Redis at 127.0.0.1:{port}: Connection refused (os error 111)");
     wait_for_health(
         &server,
         503,
@@ -900,8 +901,9 @@ async fn health_follows_the_redis_server() {
         &server,
         503,
         &format!(
-            "backend not ready: Redis at 127.0.0.1:{port} cannot be used: maxmemory-policy is allkeys-lru: Runlimit \
-             needs noeviction, so no quota state is ever evicted\n"
+            "backend not ready: Redis at 127.0.0.1:{port} cannot be used: Redis at 127.0.0.1:{port} has \
+             maxmemory-policy allkeys-lru: Runlimit needs noeviction, so no quota state is ever evicted (CONFIG SET \
+             maxmemory-policy noeviction)\n"
         ),
         ServingStatus::NotServing,
     )

@@ -631,8 +631,8 @@ async fn health_follows_a_killed_and_restarted_redis() {
 
     redis.stop();
     let reason = format!(
-        "Redis at 127.0.0.1:{port} cannot be used: could not prepare the Redis server: failed to open a Redis \
-         connection: Connection refused (os error 111)"
+        "Redis at 127.0.0.1:{port} cannot be used: could not prepare the Redis server: could not connect to Redis \
+         at 127.0.0.1:{port}: Connection refused (os error 111)"
     );
     let (status, body) =
         wait_for_http(process.http, "/healthcheck", "503", |status, _| status.contains("503"));

@@ -383,9 +383,13 @@ async fn grpc_health_reports_serving() {
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 }
 
-/// How a call fails when no connection to Redis can be opened.
-const NOT_SENT: &str = "rate limit backend failed (no quota was consumed): failed to open a Redis connection: Connection refused (os \
-     error 111)";
+/// How a call fails when no connection to the Redis server on loopback `port` can be opened.
+fn not_sent(port: u16) -> String {
+    format!(
+        "rate limit backend failed (no quota was consumed): could not connect to Redis at 127.0.0.1:{port}: \
+         Connection refused (os error 111)"
+    )
+}
 
 /// A process on a Redis server of the test's own: the server is killed (UNAVAILABLE, counted
 /// as `not_consumed` in /metrics), then started again on the same port, and the same process
@@ -417,11 +421,11 @@ async fn a_process_uses_a_restarted_redis_again() {
         "rate limit backend failed (quota may have been consumed): the Redis connection failed after the request \
          was sent: ",
     );
-    assert!(sent || first.message().starts_with(NOT_SENT), "{}", first.message());
+    assert!(sent || first.message().starts_with(&not_sent(redis.port())), "{}", first.message());
     for _ in 0..2 {
         let status = client.should_rate_limit(one()).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unavailable);
-        assert!(status.message().starts_with(NOT_SENT), "{}", status.message());
+        assert!(status.message().starts_with(&not_sent(redis.port())), "{}", status.message());
     }
     let (_, body) = http_get(process.http, "/metrics");
     let failures = if sent {
@@ -516,7 +520,8 @@ fn an_unreachable_redis_is_named_with_the_fix() {
         format!(
             "runlimit-server: cannot reach Redis at 127.0.0.1:{port} (--redis-url); check that the server runs \
              there, accepts TCP connections, and that the URL's credentials and database are right: could not \
-             prepare the Redis server: failed to open a Redis connection: Connection refused (os error 111)\n"
+             prepare the Redis server: could not connect to Redis at 127.0.0.1:{port}: Connection refused (os error \
+             111)\n"
         )
     );
 }
@@ -536,9 +541,10 @@ fn an_evicting_redis_is_refused_with_the_fix() {
     assert_eq!(
         stderr,
         format!(
-            "runlimit-server: Redis at 127.0.0.1:{} (--redis-url) cannot hold limits; use Redis 7.0 or newer \
-             with maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction): maxmemory-policy is allkeys-lru: Runlimit needs noeviction, so no quota state is ever \
-             evicted\n",
+            "runlimit-server: Redis at 127.0.0.1:{0} (--redis-url) cannot hold limits; use Redis 7.0 or newer \
+             with maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction): Redis at 127.0.0.1:{0} has \
+             maxmemory-policy allkeys-lru: Runlimit needs noeviction, so no quota state is ever evicted (CONFIG SET \
+             maxmemory-policy noeviction)\n",
             redis.port()
         )
     );
@@ -669,7 +675,8 @@ fn an_unusable_redis_url_names_the_option_and_the_form() {
     assert!(
         stderr.starts_with(
             "runlimit-server: --redis-url is not a usable Redis URL; expected \
-             redis://[USER:PASSWORD@]HOST[:PORT][/DB] (no TLS, no Unix socket): "
+             redis://[USER:PASSWORD@]HOST[:PORT][/DB], rediss://[USER:PASSWORD@]HOST[:PORT][/DB] (TLS) or \
+             redis+unix:///PATH: "
         ),
         "{stderr}"
     );

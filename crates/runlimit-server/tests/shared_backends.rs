@@ -339,9 +339,13 @@ async fn on_postgres_gcra_quotas_are_atomic_too() {
     database.finish().await;
 }
 
-/// How a call fails when no connection to Redis can be opened.
-const NOT_SENT: &str = "rate limit backend failed (no quota was consumed): failed to open a Redis connection: Connection refused (os \
-     error 111)";
+/// How a call fails when no connection to the Redis server on loopback `port` can be opened.
+fn not_sent(port: u16) -> String {
+    format!(
+        "rate limit backend failed (no quota was consumed): could not connect to Redis at 127.0.0.1:{port}: \
+         Connection refused (os error 111)"
+    )
+}
 
 /// The gRPC error of a call that must fail.
 async fn failed_call(
@@ -415,7 +419,7 @@ async fn losing_redis_answers_unavailable_and_a_restarted_redis_is_used_again() 
     let first = failed_call(&mut client, both("api", "acme", "u4")).await;
     assert_eq!(first.code(), GrpcCode::Unavailable);
     assert!(
-        first.message().starts_with(NOT_SENT)
+        first.message().starts_with(&not_sent(redis.port()))
             || first.message().starts_with(
                 "rate limit backend failed (quota may have been consumed): the Redis connection failed after the \
                  request was sent: "
@@ -425,7 +429,7 @@ async fn losing_redis_answers_unavailable_and_a_restarted_redis_is_used_again() 
     );
     let status = failed_call(&mut client, both("api", "acme", "u4")).await;
     assert_eq!(status.code(), GrpcCode::Unavailable);
-    assert_eq!(status.message(), NOT_SENT);
+    assert_eq!(status.message(), not_sent(redis.port()));
     let closed = call(&mut fail_closed.client().await, both("api", "acme", "u4")).await;
     assert_eq!(overall(&closed), Code::OverLimit);
     assert_eq!(

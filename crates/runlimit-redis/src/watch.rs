@@ -1,0 +1,158 @@
+//! The eviction watch: a connector's periodic re-verification of `maxmemory-policy`, off the
+//! admission path.
+//!
+//! [`RedisStore::prepare`](crate::RedisStore::prepare) refuses a server that evicts, but the
+//! policy is a runtime setting (`CONFIG SET maxmemory-policy allkeys-lru`), and a failover can
+//! put another server behind the same address. So once a limiter of the connector was
+//! prepared, a task reads `INFO memory` from every server admissions go to at a fixed
+//! interval. While the last reading of some server named an evicting policy, every admission,
+//! peek, reset and cleanup through the connector fails before anything is sent
+//! ([`CheckError::EvictingServer`](crate::CheckError::EvictingServer), not consumed). A reading
+//! of `noeviction` from that server lifts it. An unreachable server changes nothing:
+//! admissions to it fail on their own.
+
+use std::{
+    sync::{
+        Arc, Mutex, PoisonError, Weak,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use crate::client::{Connector, Node};
+
+/// The default interval of the eviction watch: one second.
+pub const DEFAULT_EVICTION_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The shortest interval the eviction watch accepts: 10 milliseconds.
+pub const MIN_EVICTION_WATCH_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The longest interval the eviction watch accepts: one hour.
+pub const MAX_EVICTION_WATCH_INTERVAL: Duration = Duration::from_secs(3_600);
+
+/// A connector's eviction watch: its verdict, its schedule and whether its task runs.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    /// Set while `evicting` holds a server (read on every admission without a lock).
+    flagged: AtomicBool,
+    evicting: Mutex<Option<(Node, String)>>,
+    /// The interval in milliseconds; 0 when the watch is off.
+    interval_ms: AtomicU64,
+    /// The operator vouched for `noeviction`: `INFO` is neither read by `prepare` nor watched.
+    vouched: AtomicBool,
+    started: AtomicBool,
+    /// Completed readings of every server (for health reports and tests).
+    rounds: AtomicU64,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Self {
+            flagged: AtomicBool::new(false),
+            evicting: Mutex::new(None),
+            interval_ms: AtomicU64::new(millis(DEFAULT_EVICTION_WATCH_INTERVAL)),
+            vouched: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Watch {
+    /// The server last seen with an evicting policy, and that policy.
+    pub(crate) fn evicting(&self) -> Option<(Node, String)> {
+        if !self.flagged.load(Ordering::Acquire) {
+            return None;
+        }
+        self.evicting.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records a reading of `node`'s `maxmemory-policy`.
+    pub(crate) fn record(&self, node: &Node, policy: &str) {
+        let mut evicting = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
+        if policy == "noeviction" {
+            if evicting.as_ref().is_some_and(|(flagged, _)| flagged == node) {
+                *evicting = None;
+                self.flagged.store(false, Ordering::Release);
+            }
+        } else {
+            *evicting = Some((node.clone(), policy.to_owned()));
+            self.flagged.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn set_interval(&self, interval: Option<Duration>) {
+        self.interval_ms.store(interval.map_or(0, millis), Ordering::Relaxed);
+    }
+
+    pub(crate) fn interval(&self) -> Option<Duration> {
+        match self.interval_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    pub(crate) fn vouch(&self) {
+        self.vouched.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_vouched(&self) -> bool {
+        self.vouched.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+}
+
+/// The `maxmemory_policy` field of an `INFO` reply.
+pub(crate) fn policy_of(info: &str) -> Option<&str> {
+    info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(str::trim)
+}
+
+/// Starts `connector`'s watch task unless it runs, the watch is off or the operator vouched.
+/// The task holds the connector weakly and ends once every handle is dropped; each reading
+/// uses `timeouts` (connect, operation).
+pub(crate) fn start(connector: &Arc<Connector>, timeouts: (Duration, Duration)) {
+    let watch = &connector.watch;
+    if watch.is_vouched() || watch.interval().is_none() || watch.started.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let weak: Weak<Connector> = Arc::downgrade(connector);
+    tokio::spawn(async move {
+        loop {
+            let Some(interval) = weak.upgrade().and_then(|connector| connector.watch.interval()) else {
+                break;
+            };
+            tokio::time::sleep(interval).await;
+            let Some(connector) = weak.upgrade() else { break };
+            let Some(_) = connector.watch.interval() else { break };
+            // With Sentinel, ask where the primary is now (a failover without an error seen
+            // yet); a new primary's policy is read before it is used.
+            let _ = connector.refresh_primary(timeouts.0, timeouts.1).await;
+            for node in connector.servers() {
+                let mut info = redis::cmd("INFO");
+                info.arg("memory");
+                // An unreachable server fails admissions on its own; its verdict is kept.
+                if let Ok(reply) = connector.command_on(&node, &info, timeouts.0, timeouts.1).await
+                    && let Some(text) = crate::store::text(&reply)
+                    && let Some(policy) = policy_of(&text)
+                {
+                    connector.watch.record(&node, policy);
+                }
+            }
+            connector.watch.rounds.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Some(connector) = weak.upgrade() {
+            connector.watch.started.store(false, Ordering::Release);
+        }
+    });
+}
