@@ -23,6 +23,8 @@
 //! - `fixed2`: `RedisLimiter::check_all` of two keys, one subject key bound to two policies
 //!   (always allowed);
 //! - `gcra`, `gcra2`: the same for `RedisGcraLimiter`;
+//! - `tls`: `RedisLimiter::check` of one key over TLS (`rediss://`, rustls) to the same server's
+//!   TLS port, with a CA and server certificate the bench generates;
 //! - `postgres`: `PostgresLimiter::check` of one key through a pool of 32 connections, when
 //!   `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` is set (database `runlimit_redis_bench`, created
 //!   and dropped).
@@ -31,7 +33,9 @@
 //! `RUNLIMIT_BENCH_WORKLOADS=baseline,fixed` to the workloads named (for profiling one). At 8
 //! tasks it then measures `RUNLIMIT_BENCH_ROUNDS` (default 6) more pairs, the baseline then a
 //! fixed-window check, and judges the 0.7x target on the median ratio of all the pairs: client
-//! and server share a small machine's cores, so one pair moves with whatever else runs. Then it fills a fresh
+//! and server share a small machine's cores, so one pair moves with whatever else runs. Likewise
+//! it reports the median ratio of a TLS check to a plain check over as many alternating pairs at
+//! 8 tasks. Then it fills a fresh
 //! limiter with 1,000,000 distinct keys (`RUNLIMIT_BENCH_KEYS` to change) and reports the
 //! server's `used_memory` growth per live key.
 
@@ -49,7 +53,7 @@ use std::{
 use redis::aio::MultiplexedConnection;
 use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, PolicyId, ScopeId, SubjectKey};
 use runlimit_postgres::PostgresLimiter;
-use runlimit_redis::{RedisConfig, RedisGcraLimiter, RedisLimiter};
+use runlimit_redis::{RedisConfig, RedisConnector, RedisGcraLimiter, RedisLimiter, RedisTls};
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection,
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -67,6 +71,7 @@ enum Workload {
     Fixed2,
     Gcra,
     Gcra2,
+    Tls,
     Postgres,
 }
 
@@ -78,6 +83,7 @@ impl Workload {
             Self::Fixed2 => "fixed2",
             Self::Gcra => "gcra",
             Self::Gcra2 => "gcra2",
+            Self::Tls => "tls",
             Self::Postgres => "postgres",
         }
     }
@@ -104,6 +110,7 @@ struct Setup {
     gcra: (GcraPolicy, GcraPolicy),
     limiter: RedisLimiter,
     gcra_limiter: RedisGcraLimiter,
+    tls_limiter: RedisLimiter,
     baseline: MultiplexedConnection,
     baseline_sha: String,
     postgres: Option<PostgresLimiter>,
@@ -127,6 +134,12 @@ async fn request(workload: Workload, setup: &Setup, task: usize, n: u64) {
         Workload::Fixed => {
             setup.limiter.check(&Check::new(key.bind(&setup.fixed.0))).await.expect("check").permits_request()
         }
+        Workload::Tls => setup
+            .tls_limiter
+            .check(&Check::new(key.bind(&setup.fixed.0)))
+            .await
+            .expect("TLS check")
+            .permits_request(),
         Workload::Fixed2 => {
             let checks = [Check::new(key.bind(&setup.fixed.0)), Check::new(key.bind(&setup.fixed.1))];
             setup.limiter.check_all(&checks).await.expect("check_all").permits_request()
@@ -201,10 +214,14 @@ async fn measure(
     (rate, micros)
 }
 
-/// A private `redis-server`, killed on drop.
+/// A private `redis-server`, killed on drop, with a TLS port presenting a certificate for
+/// `127.0.0.1` that `ca` (PEM) issued.
 struct Server {
     child: Child,
     url: String,
+    tls_url: String,
+    ca: String,
+    _certificates: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -214,15 +231,41 @@ impl Drop for Server {
     }
 }
 
+fn free_port() -> Option<u16> {
+    Some(TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port())
+}
+
 fn start_server() -> Option<Server> {
-    let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let port = free_port()?;
+    let tls_port = free_port()?;
+    let directory = tempfile::tempdir().ok()?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).ok()?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().ok()?).ok()?;
+    let key = rcgen::KeyPair::generate().ok()?;
+    let certificate =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).ok()?.signed_by(&key, &ca).ok()?;
+    let (cert_file, key_file) = (directory.path().join("server.pem"), directory.path().join("server.key"));
+    std::fs::write(&cert_file, certificate.pem()).ok()?;
+    std::fs::write(&key_file, key.serialize_pem()).ok()?;
     let child = Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .args(["--tls-port", &tls_port.to_string(), "--tls-auth-clients", "no"])
+        .arg("--tls-cert-file")
+        .arg(&cert_file)
+        .arg("--tls-key-file")
+        .arg(&key_file)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let server = Server { child, url: format!("redis://127.0.0.1:{port}") };
+    let server = Server {
+        child,
+        url: format!("redis://127.0.0.1:{port}"),
+        tls_url: format!("rediss://127.0.0.1:{tls_port}"),
+        ca: ca.pem(),
+        _certificates: directory,
+    };
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Some(server);
@@ -284,6 +327,7 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let url = server.url.clone();
+    let (tls_url, ca) = (server.tls_url.clone(), server.ca.clone());
     runtime.block_on(async move {
         let client = redis::Client::open(url.as_str()).expect("server URL");
         let mut baseline = client.get_multiplexed_async_connection().await.expect("baseline connection");
@@ -293,6 +337,10 @@ fn main() {
         limiter.prepare().await.expect("prepare");
         let gcra_limiter = RedisGcraLimiter::new(&url).expect("URL");
         gcra_limiter.prepare().await.expect("prepare");
+        let tls = RedisTls::with_ca_pem(ca.as_bytes()).expect("the bench CA");
+        let tls_limiter = RedisLimiter::from_connector(&RedisConnector::with_tls(&tls_url, tls).expect("a rediss URL"))
+            .with_config(RedisConfig::default().with_key_prefix(runlimit_redis::KeyPrefix::new("tls").expect("prefix")));
+        tls_limiter.prepare().await.expect("prepare over TLS");
         let version: String = redis::cmd("INFO").arg("server").query_async(&mut baseline).await.expect("INFO");
         let version = version.lines().find_map(|line| line.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
 
@@ -322,6 +370,7 @@ fn main() {
             gcra: (gcra_first, gcra_second),
             limiter,
             gcra_limiter,
+            tls_limiter,
             baseline,
             baseline_sha,
             postgres,
@@ -333,7 +382,8 @@ fn main() {
             "tasks", "workload", "requests/s", "checks/s", "vs baseline", "vs postgres", "server µs/call"
         );
         let mut summary = Vec::new();
-        let mut workloads = vec![Workload::Baseline, Workload::Fixed, Workload::Fixed2, Workload::Gcra, Workload::Gcra2];
+        let mut workloads =
+            vec![Workload::Baseline, Workload::Fixed, Workload::Fixed2, Workload::Gcra, Workload::Gcra2, Workload::Tls];
         if setup.postgres.is_some() {
             workloads.push(Workload::Postgres);
         }
@@ -395,6 +445,32 @@ fn main() {
                 let verdict = if *versus >= 10.0 { "meets" } else { "misses" };
                 println!("fixed single check at 8 tasks: {versus:.1}x PostgresLimiter ({verdict} the 10x target)");
             }
+        }
+        if workloads.contains(&Workload::Tls) && workloads.contains(&Workload::Fixed) && only.is_none_or(|only| only == 8) {
+            // The same judgement for TLS: alternating pairs, plain then TLS, on one server.
+            let rounds: usize =
+                std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+            let mut ratios = Vec::new();
+            for round in 1..=rounds.max(1) {
+                let duration = Duration::from_secs(seconds);
+                let (plain, _) = measure(Workload::Fixed, 8, &setup, duration).await;
+                let (tls, _) = measure(Workload::Tls, 8, &setup, duration).await;
+                println!("round {round} at 8 tasks: plain {plain:.0}/s, TLS {tls:.0}/s, {:.2}x", tls / plain);
+                ratios.push(tls / plain);
+            }
+            ratios.sort_by(f64::total_cmp);
+            let median = if ratios.len() % 2 == 1 {
+                ratios[ratios.len() / 2]
+            } else {
+                (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
+            };
+            println!(
+                "\nTLS single check at 8 tasks: median {median:.2}x a plain check over {} alternating pairs (from \
+                 {:.2}x to {:.2}x)",
+                ratios.len(),
+                ratios[0],
+                ratios[ratios.len() - 1]
+            );
         }
 
         // Memory per live key: a fresh limiter (own prefix) filled with `fill` distinct keys.

@@ -125,7 +125,8 @@
 //! is shared by every limiter built from it ([`RedisStore::from_connector`]), so a process
 //! needs one per Redis deployment. It opens TCP (`redis://`), TLS (`rediss://`, rustls with
 //! the system's roots or a [`RedisTls`] of your own: a private CA, a client certificate) and
-//! Unix sockets (`redis+unix://`, `unix://`), authenticates ACL users, and runs the
+//! Unix sockets (`redis+unix://`, `unix://`), finds the primary through Redis Sentinel
+//! ([`RedisSentinel`]), authenticates ACL users, and runs the
 //! [eviction watch](RedisConnector#the-eviction-watch): an evicting `maxmemory-policy` set
 //! after [`RedisStore::prepare`] makes every operation fail closed within one interval (1 s by
 //! default). Every connection-level error names the server it tried and the cause.

@@ -128,10 +128,7 @@ pub(crate) fn start(connector: &Arc<Connector>, timeouts: (Duration, Duration)) 
     }
     let weak: Weak<Connector> = Arc::downgrade(connector);
     tokio::spawn(async move {
-        loop {
-            let Some(interval) = weak.upgrade().and_then(|connector| connector.watch.interval()) else {
-                break;
-            };
+        while let Some(interval) = weak.upgrade().and_then(|connector| connector.watch.interval()) {
             tokio::time::sleep(interval).await;
             let Some(connector) = weak.upgrade() else { break };
             let Some(_) = connector.watch.interval() else { break };

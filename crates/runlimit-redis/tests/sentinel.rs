@@ -254,8 +254,8 @@ fn admissions_follow_two_failovers_and_every_error_is_classified() {
         stop.store(true, Ordering::Relaxed);
         load.await.expect("the load task");
 
-        let tally = tally.lock().expect("the tally");
         let snapshot = limiter.peek(subject(1).bind(&window)).await.expect("a peek on the last primary");
+        let tally = tally.lock().expect("the tally");
         let used = 10_000_000 - snapshot.available();
         let ends = Instant::now() + snapshot.replenishes_after().duration();
         println!(
