@@ -6,7 +6,10 @@
    that exists, and no intra-doc link may be left unresolved (rustdoc prints those as literal
    ``[<code>...</code>]`` text).
 2. Sources and READMEs: nothing may point at documents outside the repository or speak of how
-   the work was organized (``shared/spec``, ``gcra.md §3``, "the issue asks").
+   the work was organized: paths and notes kept elsewhere (``shared/spec``, ``gcra.md §3``,
+   "the project's shared documents", "outside this repository"), work-tracking numbers ("issue
+   7", "the issue asks"; an upstream project's issue is cited as ``owner/repo#N``) and words
+   about who did the work ("another agent's profiler", "a helper session").
 
 Usage: scripts/check-docs.py TARGET_DOC_DIR REPOSITORY_ROOT
 Exits 1 and lists every problem when there is one.
@@ -22,7 +25,9 @@ SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 UNRESOLVED = re.compile(r"\[<code>[^<]*</code>\]")
 OUTSIDE = re.compile(
     r"shared/spec|\.\./shared/|\b[\w-]+\.md §|\b(?:gcra|http-ratelimit-fields|sqlx-postgres|redis-notes|runlimit)\.md\b"
-    r"|\b[Tt]he issue (?:asks|says|requires|wants)\b|\bthis issue\b|\bissue #\d"
+    r"|\b[Tt]he issue (?:asks|says|requires|wants)\b|\b[Tt]his issue\b|\b[Ii]ssues? #?\d"
+    r"|shared documents|outside (?:this|the) repository"
+    r"|\b(?:another|other|an|the) agents?\b|\bagents'|\bagent's\b|\bsubagents?\b|\bhelper sessions?\b"
 )
 SOURCE_SUFFIXES = (".rs", ".md", ".toml", ".sql", ".proto", ".sh", ".py")
 

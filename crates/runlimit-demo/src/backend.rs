@@ -159,7 +159,7 @@ impl fmt::Debug for IdentityLimiter {
 /// The backend of the `items` GCRA gate.
 ///
 /// Runtime selection between the process-local [`GcraStore`] and the shared
-/// [`PostgresGcraLimiter`] (issue 5) or [`RedisGcraLimiter`], all `Limiter<Policy =
+/// [`PostgresGcraLimiter`] or [`RedisGcraLimiter`], all `Limiter<Policy =
 /// GcraPolicy>` and fed the same policy-bound checks.
 pub enum ItemsLimiter {
     /// Process-local GCRA (no `--database-url`): each replica has its own burst.
@@ -282,7 +282,7 @@ impl fmt::Debug for ItemsLimiter {
     }
 }
 
-/// The backend of the `login-attempts` password-check attempt limiter (issue 7): at most one
+/// The backend of the `login-attempts` password-check attempt limiter: at most one
 /// password check in flight per normalized identity, and after each failure an exponential
 /// backoff (`runlimit_core::attempts::AttemptPolicy`).
 ///

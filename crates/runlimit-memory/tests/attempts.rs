@@ -1,4 +1,4 @@
-//! Manual-clock tests of `MemoryAttemptLimiter` (issue 7): every delay of the backoff sequence
+//! Manual-clock tests of `MemoryAttemptLimiter`: every delay of the backoff sequence
 //! and the cap with the store emptied by a success, clock clamping, capacity, observers,
 //! receipts, concurrency and an eager reference model. Quiet expiry, lease expiry as a failure
 //! and late completions, the rules every backend shares, are scenarios of the conformance suite

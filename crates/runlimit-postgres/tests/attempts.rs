@@ -1,4 +1,4 @@
-//! PostgreSQL integration tests for `PostgresAttemptLimiter` (issue 7), one binary.
+//! PostgreSQL integration tests for `PostgresAttemptLimiter`, one binary.
 //!
 //! Every test needs `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` and runs in its own fresh database
 //! (the harness of the fixed-window suite, `postgres/support.rs`). PostgreSQL time cannot be

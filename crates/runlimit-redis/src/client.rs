@@ -197,12 +197,24 @@ where
     let (connection, driver) =
         MultiplexedConnection::new_with_config(info.redis_settings(), stream, config).await?;
     let closed = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&closed);
+    // Set when the driver ends, or when its task is dropped unfinished (its runtime shut
+    // down): either way nothing more can be sent on the connection, and the next operation
+    // opens another instead of handing a request to a dead one.
+    let flag = ClosedWhenDropped(Arc::clone(&closed));
     tokio::spawn(async move {
+        let _flag = flag;
         driver.await;
-        flag.store(true, Ordering::Release);
     });
     Ok(Live { connection, closed })
+}
+
+/// Sets its flag when dropped.
+struct ClosedWhenDropped(Arc<AtomicBool>);
+
+impl Drop for ClosedWhenDropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// The primaries of a Redis Cluster by hash slot, from `CLUSTER SLOTS`.
@@ -276,7 +288,12 @@ pub(crate) struct Sentinel {
     primary: RwLock<Option<Node>>,
     /// Set after a failure that may mean the primary moved: the next operation asks again.
     stale: AtomicBool,
+    /// One ask at a time; operations that waited through an ask take its result.
     asking: tokio::sync::Mutex<()>,
+    /// Incremented by every completed ask.
+    asked: std::sync::atomic::AtomicU64,
+    /// The last completed ask's failure (`None` after a success).
+    last_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl Sentinel {
@@ -291,7 +308,13 @@ impl Sentinel {
             primary: RwLock::new(None),
             stale: AtomicBool::new(true),
             asking: tokio::sync::Mutex::new(()),
+            asked: std::sync::atomic::AtomicU64::new(0),
+            last_failure: std::sync::Mutex::new(None),
         }
+    }
+
+    fn no_primary(&self, cause: String) -> Failure {
+        Failure::NoPrimary { service: self.service.clone(), sentinels: self.addresses(), cause }
     }
 
     fn known(&self) -> Option<Node> {
@@ -404,7 +427,8 @@ impl Connector {
     }
 
     /// The server admissions go to outside a cluster: the URL's, or the primary the Sentinels
-    /// name (asked when unknown or after a failure that may mean it moved).
+    /// name (asked when unknown or after a failure that may mean it moved), within
+    /// `connect_timeout` (nothing is sent before it is known).
     pub(crate) async fn target(
         &self,
         connect_timeout: Duration,
@@ -414,16 +438,25 @@ impl Connector {
             None => Ok(self.seed.clone()),
             Some(sentinel) => match sentinel.known() {
                 Some(primary) => Ok(primary),
-                None => self.ask_sentinels(sentinel, false, connect_timeout, operation_timeout).await,
+                None => tokio::time::timeout(
+                    connect_timeout,
+                    self.ask_sentinels(sentinel, false, connect_timeout, operation_timeout),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(sentinel
+                        .no_primary(format!("no Sentinel named a usable primary within {connect_timeout:?}")))
+                }),
             },
         }
     }
 
-    /// Asks the Sentinels, in order, for the service's primary until one names a server that
-    /// answers `ROLE` as a primary; before the first admission on a new primary its
-    /// `maxmemory-policy` is read (unless vouched for), so the eviction watch's verdict covers
-    /// it. Within `connect_timeout` per Sentinel.
-    /// `force`: ask even when a primary is known (admissions meanwhile use the known one).
+    /// Asks every Sentinel at once for the service's primary and takes the first that names a
+    /// server answering `ROLE` as a primary. Unless the operator vouched for the servers, a
+    /// newly named primary's `maxmemory-policy` is read first and recorded for the eviction
+    /// watch (a primary whose policy cannot be read is not switched to). One ask at a time:
+    /// callers that waited through another's ask take its result. `force`: ask even when a
+    /// primary is known (admissions meanwhile use the known one).
     async fn ask_sentinels(
         &self,
         sentinel: &Sentinel,
@@ -431,36 +464,75 @@ impl Connector {
         connect_timeout: Duration,
         operation_timeout: Duration,
     ) -> Result<Node, Failure> {
+        let seen = sentinel.asked.load(Ordering::Acquire);
         let _one_at_a_time = sentinel.asking.lock().await;
-        if !force && let Some(primary) = sentinel.known() {
-            return Ok(primary);
-        }
-        let mut cause = String::from("no Sentinel is configured");
-        for (node, info, link) in &sentinel.nodes {
-            match self.ask_one(sentinel, info, link, connect_timeout, operation_timeout).await {
-                Ok(primary) => {
-                    let previous =
-                        sentinel.primary.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                    if previous.as_ref() != Some(&primary) && !self.watch.is_vouched() {
-                        let mut info = redis::cmd("INFO");
-                        info.arg("memory");
-                        if let Ok(reply) =
-                            self.command_on(&primary, &info, connect_timeout, operation_timeout).await
-                            && let Some(text) = crate::store::text(&reply)
-                            && let Some(policy) = crate::watch::policy_of(&text)
-                        {
-                            self.watch.record(&primary, policy);
-                        }
-                    }
-                    *sentinel.primary.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                        Some(primary.clone());
-                    sentinel.stale.store(false, Ordering::Release);
-                    return Ok(primary);
-                }
-                Err(reason) => cause = format!("{node}: {reason}"),
+        if !force {
+            if let Some(primary) = sentinel.known() {
+                return Ok(primary);
+            }
+            if sentinel.asked.load(Ordering::Acquire) != seen
+                && let Some(cause) =
+                    sentinel.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            {
+                return Err(sentinel.no_primary(cause));
             }
         }
-        Err(Failure::NoPrimary { service: sentinel.service.clone(), sentinels: sentinel.addresses(), cause })
+        let result = self.ask_all(sentinel, connect_timeout, operation_timeout).await;
+        *sentinel.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            result.as_ref().err().cloned();
+        sentinel.asked.fetch_add(1, Ordering::AcqRel);
+        result.map_err(|cause| sentinel.no_primary(cause))
+    }
+
+    /// [`ask_sentinels`](Self::ask_sentinels)' work: the primary, or the last reason none was
+    /// usable.
+    async fn ask_all(
+        &self,
+        sentinel: &Sentinel,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<Node, String> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut answers: FuturesUnordered<_> = sentinel
+            .nodes
+            .iter()
+            .map(|(node, info, link)| async move {
+                self.ask_one(sentinel, info, link, connect_timeout, operation_timeout)
+                    .await
+                    .map_err(|reason| format!("{node}: {reason}"))
+            })
+            .collect();
+        let mut cause = String::from("no Sentinel is configured");
+        let primary = loop {
+            match answers.next().await {
+                None => return Err(cause),
+                Some(Ok(primary)) => break primary,
+                Some(Err(reason)) => cause = reason,
+            }
+        };
+        drop(answers);
+        let previous = sentinel.primary.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if previous.as_ref() != Some(&primary) && !self.watch.is_vouched() {
+            let mut info = redis::cmd("INFO");
+            info.arg("memory");
+            let reply = self.command_on(&primary, &info, connect_timeout, operation_timeout).await.map_err(
+                |failure| {
+                    format!(
+                        "names {primary}, whose maxmemory-policy could not be read: {}",
+                        describe(&failure)
+                    )
+                },
+            )?;
+            let policy = crate::store::text(&reply)
+                .and_then(|text| crate::watch::policy_of(&text).map(str::to_owned))
+                .ok_or_else(|| format!("names {primary}, whose INFO lacks maxmemory_policy"))?;
+            self.watch.record(&primary, &policy);
+        }
+        *sentinel.primary.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(primary.clone());
+        sentinel.stale.store(false, Ordering::Release);
+        // Verdicts about servers no longer in use go: the new primary's reading stands.
+        self.watch.retain(std::slice::from_ref(&primary));
+        Ok(primary)
     }
 
     /// One Sentinel's answer, confirmed by the named server's `ROLE`; the reason otherwise.
@@ -519,7 +591,7 @@ impl Connector {
                             | ServerErrorKind::BusyLoading
                             | ServerErrorKind::MasterDown
                     )
-                )
+                ) || error.code() == Some("NOREPLICAS")
             }
             Failure::Evicting(..) | Failure::NoPrimary { .. } => false,
         };
@@ -639,7 +711,14 @@ impl Connector {
     ) -> Result<Value, Failure> {
         let link = match &self.sentinel {
             None => self.route(slot),
-            Some(_) => self.link(&self.target(connect_timeout, operation_timeout).await?),
+            Some(_) => {
+                let primary = self.target(connect_timeout, operation_timeout).await?;
+                // Finding the primary may have read its policy.
+                if let Some((node, policy)) = self.watch.evicting() {
+                    return Err(Failure::Evicting(node, policy));
+                }
+                self.link(&primary)
+            }
         };
         let live = link.live(&self.info, self.tls.as_ref(), connect_timeout).await?;
         let deadline = Instant::now() + operation_timeout;

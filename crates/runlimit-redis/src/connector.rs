@@ -51,8 +51,11 @@ use crate::{
 /// operation of every limiter of the connector fails before sending anything with
 /// [`CheckError::EvictingServer`](crate::CheckError::EvictingServer) (not consumed): an
 /// evicting server silently deletes quota state, which resets limits. A reading of
-/// `noeviction` lifts it. Between a policy change and the next reading, admissions proceed:
-/// at most one interval (plus one `INFO` round trip) of them.
+/// `noeviction` lifts it, as does the server's leaving the servers admissions go to (a
+/// failover, a cluster's new slot map). Between a policy change and the reading that sees
+/// it, admissions proceed: for at most one interval plus one round of readings (with
+/// Sentinel, an ask of the Sentinels first; then one `INFO` per server, one after another,
+/// each within the limiter's connect and operation timeouts).
 ///
 /// # Examples
 ///
@@ -159,8 +162,8 @@ impl RedisConnector {
 
     /// Sets how often the [eviction watch](Self#the-eviction-watch) reads every server's
     /// `maxmemory-policy`; takes effect after the current interval. The bound it gives: an
-    /// evicting policy is noticed at most `interval` plus one `INFO` round trip after it is
-    /// set.
+    /// evicting policy is noticed at most `interval` plus one round of readings after it is
+    /// set (see [the eviction watch](Self#the-eviction-watch)).
     ///
     /// # Errors
     ///
@@ -177,7 +180,9 @@ impl RedisConnector {
 
     /// Turns the [eviction watch](Self#the-eviction-watch) off: an evicting policy set after
     /// [`prepare`](crate::RedisStore::prepare) then goes unnoticed (until `prepare` runs
-    /// again). A verdict already recorded stays until `prepare` reads `noeviction`.
+    /// again), and with Sentinel the primary is asked again only after failures. A verdict
+    /// already recorded stays until `prepare` reads `noeviction` or the server is no longer
+    /// one admissions go to.
     #[must_use]
     pub fn without_eviction_watch(self) -> Self {
         self.inner.watch.set_interval(None);
@@ -431,13 +436,22 @@ impl ServerCertVerifier for AnyHostName {
 /// Where a [`RedisConnector::sentinel`] finds its primary: the Sentinels monitoring a service,
 /// and the credentials and database of the service's servers.
 ///
-/// The connector asks the Sentinels in the order given (`SENTINEL GET-MASTER-ADDR-BY-NAME`)
-/// until one names a server that answers `ROLE` as a primary, and sends every operation
-/// there; admissions never go to replicas. It asks again after a failure that may mean the
-/// primary moved (no connection, a lost or late reply, `READONLY`, `LOADING`, `MASTERDOWN`)
-/// and at every round of the [eviction watch](RedisConnector#the-eviction-watch), and reads a
-/// new primary's `maxmemory-policy` before using it. The failure itself is returned as it
-/// happened, never retried: an admission sent to the old primary keeps its consumption class.
+/// The connector asks every Sentinel at once (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and takes
+/// the first server named that answers `ROLE` as a primary; it sends every operation there,
+/// and admissions never go to replicas. Operations wait for an ask at most the limiter's
+/// connect timeout, and operations waiting together share one ask. It asks again after a
+/// failure that may mean the primary moved (no connection, a lost or late reply, `READONLY`,
+/// `LOADING`, `MASTERDOWN`, `NOREPLICAS`) and at every round of the
+/// [eviction watch](RedisConnector#the-eviction-watch) while it runs. Before switching to a
+/// newly named primary it reads its `maxmemory-policy` (unless the operator
+/// [vouched](RedisConnector::vouch_for_noeviction)): an evicting one fails every operation
+/// closed, and one whose policy cannot be read is not switched to. The failure itself is
+/// returned as it happened, never retried: an admission sent to the old primary keeps its
+/// consumption class.
+///
+/// The Sentinels' answers are trusted: Sentinel speaks no TLS here, and the primary's
+/// credentials are sent, in plain text, to whatever server a Sentinel names. Reach the
+/// Sentinels and the servers over a network you trust.
 ///
 /// Replication is asynchronous: admissions the old primary acknowledged but had not yet
 /// replicated are lost in a failover, which over-admits by at most those (Redis'

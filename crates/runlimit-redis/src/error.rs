@@ -19,7 +19,9 @@ use crate::client::Failure;
 /// (except resending a script the server answered `NOSCRIPT` to, which did not run); never
 /// replay one whose consumption is unknown.
 ///
-/// `Debug` and `Display` never show a server error's detail text.
+/// `Display` of [`Server`](Self::Server) shows only the reply's code; the messages of
+/// [`Connect`](Self::Connect) and [`NoPrimary`](Self::NoPrimary) include their cause (which
+/// may quote a server's reply); none shows a password.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckError {

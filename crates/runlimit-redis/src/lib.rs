@@ -129,7 +129,7 @@
 //! ([`RedisSentinel`]), authenticates ACL users, and runs the
 //! [eviction watch](RedisConnector#the-eviction-watch): an evicting `maxmemory-policy` set
 //! after [`RedisStore::prepare`] makes every operation fail closed within one interval (1 s by
-//! default). Every connection-level error names the server it tried and the cause.
+//! default) and one round of readings. Every connection-level error names the server it tried and the cause.
 //!
 //! # Servers
 //!

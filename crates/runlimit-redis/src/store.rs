@@ -467,9 +467,12 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
                 Some(primaries)
             }
         };
-        for node in cluster.as_deref().unwrap_or(std::slice::from_ref(&seed)) {
+        let servers = cluster.unwrap_or_else(|| vec![seed]);
+        for node in &servers {
             self.prepare_node(node).await?;
         }
+        // Verdicts about servers admissions no longer go to are forgotten.
+        self.connector.watch.retain(&servers);
         crate::watch::start(&self.connector, (connect, operation));
         Ok(())
     }

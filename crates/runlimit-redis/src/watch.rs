@@ -35,7 +35,8 @@ pub const MAX_EVICTION_WATCH_INTERVAL: Duration = Duration::from_secs(3_600);
 pub(crate) struct Watch {
     /// Set while `evicting` holds a server (read on every admission without a lock).
     flagged: AtomicBool,
-    evicting: Mutex<Option<(Node, String)>>,
+    /// Each server last read with an evicting policy, and the policy.
+    evicting: Mutex<Vec<(Node, String)>>,
     /// The interval in milliseconds; 0 when the watch is off.
     interval_ms: AtomicU64,
     /// The operator vouched for `noeviction`: `INFO` is neither read by `prepare` nor watched.
@@ -49,7 +50,7 @@ impl Default for Watch {
     fn default() -> Self {
         Self {
             flagged: AtomicBool::new(false),
-            evicting: Mutex::new(None),
+            evicting: Mutex::new(Vec::new()),
             interval_ms: AtomicU64::new(millis(DEFAULT_EVICTION_WATCH_INTERVAL)),
             vouched: AtomicBool::new(false),
             started: AtomicBool::new(false),
@@ -63,26 +64,30 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl Watch {
-    /// The server last seen with an evicting policy, and that policy.
+    /// A server last seen with an evicting policy, and that policy.
     pub(crate) fn evicting(&self) -> Option<(Node, String)> {
         if !self.flagged.load(Ordering::Acquire) {
             return None;
         }
-        self.evicting.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.evicting.lock().unwrap_or_else(PoisonError::into_inner).first().cloned()
     }
 
     /// Records a reading of `node`'s `maxmemory-policy`.
     pub(crate) fn record(&self, node: &Node, policy: &str) {
         let mut evicting = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
-        if policy == "noeviction" {
-            if evicting.as_ref().is_some_and(|(flagged, _)| flagged == node) {
-                *evicting = None;
-                self.flagged.store(false, Ordering::Release);
-            }
-        } else {
-            *evicting = Some((node.clone(), policy.to_owned()));
-            self.flagged.store(true, Ordering::Release);
+        evicting.retain(|(flagged, _)| flagged != node);
+        if policy != "noeviction" {
+            evicting.push((node.clone(), policy.to_owned()));
         }
+        self.flagged.store(!evicting.is_empty(), Ordering::Release);
+    }
+
+    /// Forgets the verdicts of servers not in `servers` (no longer a primary or a cluster
+    /// node admissions go to).
+    pub(crate) fn retain(&self, servers: &[Node]) {
+        let mut evicting = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
+        evicting.retain(|(flagged, _)| servers.contains(flagged));
+        self.flagged.store(!evicting.is_empty(), Ordering::Release);
     }
 
     pub(crate) fn set_interval(&self, interval: Option<Duration>) {
@@ -127,7 +132,12 @@ pub(crate) fn start(connector: &Arc<Connector>, timeouts: (Duration, Duration)) 
         return;
     }
     let weak: Weak<Connector> = Arc::downgrade(connector);
+    // Marks the watch stopped however the task ends: its loop ending, or its runtime shutting
+    // down, even before the task first ran (the next `prepare` then starts it again). Created
+    // outside the task so that dropping an unpolled task drops it too.
+    let stopped = Stopped(weak.clone());
     tokio::spawn(async move {
+        let _stopped = stopped;
         while let Some(interval) = weak.upgrade().and_then(|connector| connector.watch.interval()) {
             tokio::time::sleep(interval).await;
             let Some(connector) = weak.upgrade() else { break };
@@ -146,10 +156,19 @@ pub(crate) fn start(connector: &Arc<Connector>, timeouts: (Duration, Duration)) 
                     connector.watch.record(&node, policy);
                 }
             }
+            connector.watch.retain(&connector.servers());
             connector.watch.rounds.fetch_add(1, Ordering::AcqRel);
         }
-        if let Some(connector) = weak.upgrade() {
+    });
+}
+
+/// Clears a connector's `started` flag when dropped.
+struct Stopped(Weak<Connector>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(connector) = self.0.upgrade() {
             connector.watch.started.store(false, Ordering::Release);
         }
-    });
+    }
 }

@@ -350,3 +350,220 @@ fn no_reachable_sentinel_names_them_and_is_not_consumed() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// With a scripted Sentinel: what the connector does when the Sentinels' answer changes.
+
+/// A fake Sentinel on a loopback port: answers `SENTINEL GET-MASTER-ADDR-BY-NAME` with
+/// 127.0.0.1 and the port `primary` holds at the time, `+OK` to anything else; with `mute`, it
+/// accepts connections and never answers.
+async fn fake_sentinel(primary: Arc<Mutex<u16>>, mute: bool) -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("an address").port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let primary = Arc::clone(&primary);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let count: usize = line.trim().trim_start_matches('*').parse().unwrap_or(0);
+                    let mut arguments = Vec::new();
+                    for _ in 0..count {
+                        let (mut length, mut argument) = (String::new(), String::new());
+                        if read.read_line(&mut length).await.is_err()
+                            || read.read_line(&mut argument).await.is_err()
+                        {
+                            return;
+                        }
+                        arguments.push(argument.trim().to_uppercase());
+                    }
+                    if mute {
+                        continue;
+                    }
+                    let reply = if arguments.first().map(String::as_str) == Some("SENTINEL") {
+                        let port = primary.lock().expect("the primary").to_string();
+                        format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                    } else {
+                        "+OK\r\n".to_owned()
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn short_timeouts(prefix: &str) -> RedisConfig {
+    RedisConfig::default()
+        .with_key_prefix(KeyPrefix::new(prefix).expect("a prefix"))
+        .with_connect_timeout(Duration::from_millis(100))
+        .expect("a timeout")
+        .with_operation_timeout(Duration::from_millis(100))
+        .expect("a timeout")
+}
+
+async fn set_policy(url: &str, policy: &str) {
+    let mut connection = support::connect(url).await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query_async(&mut connection)
+        .await
+        .expect("CONFIG SET maxmemory-policy");
+}
+
+async fn dbsize(url: &str) -> u64 {
+    let mut connection = support::connect(url).await;
+    redis::cmd("DBSIZE").query_async(&mut connection).await.expect("DBSIZE")
+}
+
+fn connector_of(sentinels: &[u16]) -> RedisConnector {
+    let urls: Vec<String> = sentinels.iter().map(|port| format!("redis://127.0.0.1:{port}")).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisConnector::sentinel(RedisSentinel::new("svc", &urls).expect("Sentinels")).expect("a connector")
+}
+
+/// Sentinels that never answer: every waiting operation fails within about the connect
+/// timeout (they share one ask), not one after another.
+#[test]
+#[ignore = "needs redis-server on PATH"]
+fn operations_waiting_for_silent_sentinels_fail_within_the_connect_timeout() {
+    support::runtime().block_on(async {
+        let primary = Arc::new(Mutex::new(1u16));
+        let silent = [
+            fake_sentinel(Arc::clone(&primary), true).await,
+            fake_sentinel(Arc::clone(&primary), true).await,
+        ];
+        let limiter =
+            RedisLimiter::from_connector(&connector_of(&silent)).with_config(short_timeouts("silent"));
+        let window = fixed_window("sentinel.silent", 5, 60_000);
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..20u64)
+            .map(|n| {
+                let (limiter, window) = (limiter.clone(), window.clone());
+                tokio::spawn(async move { limiter.check(&Check::new(subject(n).bind(&window))).await })
+            })
+            .collect();
+        for task in tasks {
+            let error = task.await.expect("a task").expect_err("no Sentinel answers");
+            assert!(matches!(error, CheckError::NoPrimary { .. }), "{error:?}");
+            assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+        }
+        // 20 operations behind two silent Sentinels, 100 ms connect timeout: one shared wait,
+        // not twenty (before, the slowest waited 4 s).
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    });
+}
+
+/// A newly named primary whose policy evicts is never written to: the operation that found it
+/// fails closed, and so does every later one until it is `noeviction`.
+#[test]
+#[ignore = "needs redis-server on PATH"]
+fn a_new_primary_that_evicts_is_never_written_to() {
+    support::runtime().block_on(async {
+        let first = support::own_server(&[]).await;
+        let evicting = support::own_server(&["--maxmemory-policy", "allkeys-lru"]).await;
+        let primary = Arc::new(Mutex::new(first.port()));
+        let sentinel = fake_sentinel(Arc::clone(&primary), false).await;
+        let connector = connector_of(&[sentinel])
+            .with_eviction_watch_interval(Duration::from_secs(3_600))
+            .expect("an interval");
+        let limiter = RedisLimiter::from_connector(&connector).with_config(short_timeouts("evicting"));
+        limiter.prepare().await.expect("prepare");
+        let window = fixed_window("sentinel.evicting", 1_000, 60_000);
+        let check = Check::new(subject(1).bind(&window));
+        limiter.check(&check).await.expect("on the first primary");
+        // The first primary dies and the Sentinel names the evicting server.
+        *primary.lock().expect("the primary") = evicting.port();
+        drop(first);
+        let error = limiter.check(&check).await.expect_err("the dead primary");
+        assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed, "{error:?}");
+        for _ in 0..3 {
+            let error = limiter.check(&check).await.expect_err("an evicting primary");
+            assert!(
+                matches!(&error, CheckError::EvictingServer { policy, .. } if policy == "allkeys-lru"),
+                "{error:?}"
+            );
+        }
+        assert_eq!(dbsize(&evicting.url()).await, 0, "nothing was written to the evicting server");
+        set_policy(&evicting.url(), "noeviction").await;
+        limiter.prepare().await.expect("prepare on the new primary");
+        assert_eq!(connector.evicting_server(), None);
+        assert!(limiter.check(&check).await.expect("on the new primary").permits_request());
+    });
+}
+
+/// A verdict about a server that is no longer the primary goes when the Sentinels name
+/// another: the watch reads the new primary and admissions resume.
+#[test]
+#[ignore = "needs redis-server on PATH"]
+fn a_verdict_about_a_former_primary_is_dropped() {
+    support::runtime().block_on(async {
+        let first = support::own_server(&[]).await;
+        let second = support::own_server(&[]).await;
+        let primary = Arc::new(Mutex::new(first.port()));
+        let sentinel = fake_sentinel(Arc::clone(&primary), false).await;
+        let connector = connector_of(&[sentinel])
+            .with_eviction_watch_interval(Duration::from_millis(50))
+            .expect("an interval");
+        let limiter = RedisLimiter::from_connector(&connector).with_config(short_timeouts("former"));
+        limiter.prepare().await.expect("prepare");
+        let window = fixed_window("sentinel.former", 1_000, 60_000);
+        let check = Check::new(subject(1).bind(&window));
+        limiter.check(&check).await.expect("on the first primary");
+        set_policy(&first.url(), "allkeys-lru").await;
+        wait_until("the watch to trip", Duration::from_secs(10), async || {
+            connector.evicting_server().is_some()
+        })
+        .await;
+        // The operator fails over to the second server (which does not evict).
+        *primary.lock().expect("the primary") = second.port();
+        wait_until("admissions on the second server", Duration::from_secs(10), async || {
+            limiter.check(&check).await.is_ok()
+        })
+        .await;
+        assert_eq!(limiter.address(), format!("127.0.0.1:{}", second.port()));
+        assert_eq!(connector.evicting_server(), None);
+    });
+}
+
+/// The watch started by a `prepare` on a runtime that has since shut down starts again with
+/// the next `prepare`.
+#[test]
+#[ignore = "needs redis-server on PATH"]
+fn the_watch_restarts_after_its_runtime_shut_down() {
+    let runtime = support::runtime();
+    let server = runtime.block_on(support::own_server(&[]));
+    let connector = RedisConnector::new(&server.url())
+        .expect("a URL")
+        .with_eviction_watch_interval(Duration::from_millis(50))
+        .expect("an interval");
+    let limiter = RedisLimiter::from_connector(&connector).with_config(short_timeouts("runtime"));
+    {
+        let first = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        first.block_on(limiter.prepare()).expect("prepare");
+        assert!(connector.eviction_watch_running());
+    }
+    assert!(!connector.eviction_watch_running(), "the watch ended with its runtime");
+    runtime.block_on(async {
+        limiter.prepare().await.expect("prepare again");
+        assert!(connector.eviction_watch_running());
+        let window = fixed_window("sentinel.runtime", 1_000, 60_000);
+        let check = Check::new(subject(1).bind(&window));
+        set_policy(&server.url(), "allkeys-lru").await;
+        wait_until("the watch to trip", Duration::from_secs(10), async || {
+            matches!(limiter.check(&check).await, Err(CheckError::EvictingServer { .. }))
+        })
+        .await;
+    });
+}

@@ -1,4 +1,4 @@
-//! The guarantee envoyproxy/ratelimit lacks (its issue 1060, "counter pollution"): a request
+//! The guarantee envoyproxy/ratelimit lacks (envoyproxy/ratelimit#1060, "counter pollution"): a request
 //! over one limit charges no other.
 
 mod support;

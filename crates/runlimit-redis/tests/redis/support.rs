@@ -152,6 +152,9 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 pub(crate) struct OwnServer {
     child: std::process::Child,
     port: u16,
+    /// The server's working directory (`--dir`): a replica's RDB lands there, never in the
+    /// test's working directory, where every later server would load it.
+    _directory: tempfile::TempDir,
 }
 
 impl OwnServer {
@@ -182,12 +185,16 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-/// Whether the server at `url` answers `PING` within a second.
-async fn answers_ping(url: &str) -> bool {
+/// Whether the server at `url` answers within a second and is the process `pid` (`INFO
+/// server`'s `process_id`): another test's server may hold the port when two tests drew the
+/// same free port, and this one has not exited yet.
+async fn answers_as(url: &str, pid: u32) -> bool {
     let attempt = async {
         let mut connection = redis::Client::open(url).ok()?.get_multiplexed_async_connection().await.ok()?;
-        let pong: String = redis::cmd("PING").query_async(&mut connection).await.ok()?;
-        Some(pong == "PONG")
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.ok()?;
+        let process =
+            info.lines().find_map(|line| line.strip_prefix("process_id:"))?.trim().parse::<u32>().ok()?;
+        Some(process == pid)
     };
     tokio::time::timeout(std::time::Duration::from_secs(1), attempt).await.ok().flatten().unwrap_or(false)
 }
@@ -199,9 +206,12 @@ async fn answers_ping(url: &str) -> bool {
 pub(crate) async fn own_server(extra: &[&str]) -> OwnServer {
     for _attempt in 0..5 {
         let port = free_port();
+        let directory = tempfile::tempdir().expect("a temporary directory");
         let mut command = std::process::Command::new("redis-server");
         command
             .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(directory.path())
             .args(extra)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -214,13 +224,13 @@ pub(crate) async fn own_server(extra: &[&str]) -> OwnServer {
             ),
             Err(error) => panic!("start redis-server: {error}"),
         };
-        let mut server = OwnServer { child, port };
+        let mut server = OwnServer { child, port, _directory: directory };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             if server.child.try_wait().expect("poll redis-server").is_some() {
                 break;
             }
-            if answers_ping(&server.url()).await {
+            if answers_as(&server.url(), server.child.id()).await {
                 return server;
             }
             assert!(

@@ -151,6 +151,30 @@ fn answers_ping(port: u16) -> bool {
     attempt().unwrap_or(false)
 }
 
+/// Whether the server on 127.0.0.1:`port` is the process `pid` (`INFO server`'s
+/// `process_id`, read within 200 ms): another test's server may hold the port when two tests
+/// drew the same free port, and this one has not exited yet.
+fn served_by(port: u16, pid: u32) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(200))?;
+        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+        stream.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")?;
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let wanted = format!("process_id:{pid}\r\n");
+        while !String::from_utf8_lossy(&reply).contains("process_id:") || !reply.ends_with(b"\r\n\r\n") {
+            let read = stream.read(&mut chunk)?;
+            if read == 0 {
+                break;
+            }
+            reply.extend_from_slice(&chunk[..read]);
+        }
+        Ok(String::from_utf8_lossy(&reply).contains(&wanted))
+    };
+    attempt().unwrap_or(false)
+}
+
 /// A `redis-server` of the test's own on a loopback port (`--save '' --appendonly no`), which
 /// the test may stop and start again on the same port; killed when dropped.
 pub struct OwnRedis {
@@ -204,7 +228,8 @@ impl OwnRedis {
                 self.child = None;
                 return false;
             }
-            if answers_ping(self.port) {
+            let pid = self.child.as_ref().unwrap().id();
+            if answers_ping(self.port) && served_by(self.port, pid) {
                 return true;
             }
             assert!(
