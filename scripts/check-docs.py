@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Checks what a reader of Runlimit's docs meets.
 
-1. Rendered rustdoc (``target/doc`` after ``cargo doc --workspace --no-deps``, built into an
-   emptied directory): every relative link of the workspace crates' pages must name a file
+1. Rendered rustdoc (``target/doc`` after ``scripts/doc``, built into an emptied directory): every relative link of the workspace crates' pages must name a file
    that exists, and no intra-doc link may be left unresolved (rustdoc prints those as literal
    ``[<code>...</code>]`` text).
 2. Sources and READMEs: nothing may point at documents outside the repository or speak of how
@@ -42,7 +41,7 @@ def check_links(doc_dir, crates, problems):
     for crate in crates:
         crate_dir = os.path.join(doc_dir, crate)
         if not os.path.isdir(crate_dir):
-            problems.append(f"{crate_dir}: no rendered docs (was `cargo doc --workspace` run?)")
+            problems.append(f"{crate_dir}: no rendered docs (was scripts/doc run?)")
             continue
         for directory, _, files in os.walk(crate_dir):
             for name in files:

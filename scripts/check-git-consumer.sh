@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs a consumer that depends on Runlimit the way the README's Installation section
 # says: by Git URL, pinned to a full commit revision, every Runlimit crate on the same URL and
-# revision. Run by scripts/test.
+# revision, with the [dependencies] lines scripts/dependency-lines.sh prints. Run by
+# scripts/test.
 #
 # URL: file://<this checkout>; revision: HEAD, the commit under test (uncommitted changes are not
 # part of it, as they would not be for a consumer). The program is the external consumer's
@@ -37,10 +38,10 @@ publish = false
 
 [workspace]
 
-[dependencies]
-runlimit-core = { git = "$URL", rev = "$REV" }
-runlimit-memory = { git = "$URL", rev = "$REV" }
 EOF
+# The lines the README tells users to paste, as scripts/dependency-lines.sh prints them.
+RUNLIMIT_GIT_URL="$URL" bash "$REPO/scripts/dependency-lines.sh" >>"$WORK/consumer/Cargo.toml" 2>/dev/null \
+  || die "scripts/dependency-lines.sh failed"
 cp "$REPO/smoke/external-consumer/src/main.rs" "$WORK/consumer/src/main.rs"
 cp "$REPO/smoke/external-consumer/Cargo.lock" "$WORK/consumer/Cargo.lock"
 

@@ -25,7 +25,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // In production the secret comes from a secret store and is the same on every replica.
     let hasher = KeyHasher::new(b"example secret: 32 bytes or more, never this one")?;
     let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-        let key = parts.headers.get("x-api-key").ok_or("no API key")?;
+        // An empty header is no key: it would put every such request in one bucket.
+        let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
         Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
     };
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());

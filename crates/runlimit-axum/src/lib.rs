@@ -36,7 +36,8 @@
 //!     let policy = FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 100, Duration::from_secs(60))?;
 //!     let hasher = KeyHasher::new(secret)?;
 //!     let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-//!         let key = parts.headers.get("x-api-key").ok_or("no API key")?;
+//!         // An empty header is no key: it would put every such request in one bucket.
+//!         let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
 //!         Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
 //!     };
 //!     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());

@@ -98,16 +98,17 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub identity_window_secs: u64,
 
-    /// GET /items: units replenished per client per items period (GCRA quota).
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    /// GET /items: units replenished per client per items period (GCRA quota, at least 1).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub items_quota: u64,
 
     /// GET /items: the GCRA period, in whole seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub items_period_secs: u64,
 
-    /// GET /items: the most requests a rested client may send at once (GCRA burst capacity).
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    /// GET /items: the most requests a rested client may send at once (GCRA burst capacity,
+    /// at least 1).
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub items_burst: u64,
 
     /// Password-check attempts per normalized identity (`login-attempts`): the backoff after

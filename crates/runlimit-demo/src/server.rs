@@ -80,6 +80,17 @@ pub enum RunError {
         #[source]
         source: sqlx::Error,
     },
+    /// The `--database-url` server answered the first connection with an error: a database that
+    /// does not exist, a user or password it refuses.
+    #[error("PostgreSQL at {address} (--database-url) refused the connection: {message}; {fix}")]
+    DatabaseRefused {
+        /// `host:port/database` of the URL (never its password).
+        address: String,
+        /// The server's message (without SQLx's source-line suffix).
+        message: String,
+        /// What to do about it.
+        fix: String,
+    },
     /// The first connection to the `--database-url` server did not complete in time.
     #[error(
         "no answer from PostgreSQL at {address} (--database-url) within {} s; check the host, \
@@ -213,6 +224,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connects the `--database-url` pool: one connection first, so that a failure names its
 /// cause (a pool would retry until its acquire timeout and report only that).
 async fn postgres_pool(args: &Args, url: &str) -> Result<sqlx::PgPool, RunError> {
+    // SQLx reads any URL's host, port, user and database, whatever its scheme: without this
+    // check, `mysql://USER@HOST/DB` would reach a PostgreSQL server on HOST's port 5432 and fail
+    // there with an unrelated error (`role "USER" does not exist`).
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme.is_some_and(|scheme| {
+        scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+    }) {
+        let reason = match scheme {
+            Some(scheme) => format!("the scheme is `{scheme}`, not postgres or postgresql"),
+            None => "no postgres:// or postgresql:// scheme".to_owned(),
+        };
+        return Err(RunError::DatabaseUrl { source: sqlx::Error::Configuration(reason.into()) });
+    }
     let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
     let address = format!(
         "{}:{}/{}",
@@ -222,6 +246,25 @@ async fn postgres_pool(args: &Args, url: &str) -> Result<sqlx::PgPool, RunError>
     );
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Err(_) => return Err(RunError::ConnectTimeout { address, timeout: CONNECT_TIMEOUT }),
+        Ok(Err(sqlx::Error::Database(error))) => {
+            let fix = match error.code().as_deref() {
+                // invalid_catalog_name
+                Some("3D000") => format!(
+                    "create it (createdb -h {} -p {} -U {} {}) or name one that exists",
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_username(),
+                    options.get_database().unwrap_or(options.get_username())
+                ),
+                // invalid_authorization_specification, invalid_password
+                Some("28000" | "28P01") => {
+                    "check the user and password in the URL, and the server's pg_hba.conf".to_owned()
+                }
+                Some(code) => format!("SQLSTATE {code}"),
+                None => "see the server's log".to_owned(),
+            };
+            return Err(RunError::DatabaseRefused { address, message: error.message().to_owned(), fix });
+        }
         Ok(Err(source)) => return Err(RunError::Connect { address, source }),
         Ok(Ok(connection)) => {
             let _ = connection.close().await;

@@ -25,7 +25,7 @@ fn a_malformed_database_url_names_the_flag_and_the_expected_form() {
     assert_eq!(
         message,
         "runlimit-demo: --database-url is not a PostgreSQL URL; expected postgres://USER@HOST:PORT/DATABASE: \
-         error with configuration: relative URL without a base"
+         error with configuration: no postgres:// or postgresql:// scheme"
     );
 }
 
@@ -137,5 +137,74 @@ fn a_zero_second_flag_is_refused_by_name_in_seconds() {
             "error: invalid value '0' for '--attempt-delay-cap-secs <SECONDS>': 0 is not in 1.."
         ),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_database_url_of_another_scheme_names_the_flag_and_the_scheme() {
+    let (ok, message) = run(&["--database-url", "mysql://demo@127.0.0.1/app"]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        "runlimit-demo: --database-url is not a PostgreSQL URL; expected postgres://USER@HOST:PORT/DATABASE: \
+         error with configuration: the scheme is `mysql`, not postgres or postgresql"
+    );
+}
+
+#[test]
+fn a_zero_items_burst_or_quota_names_the_flag() {
+    for flag in ["--items-burst", "--items-quota"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+            .args(["--listen", "127.0.0.1:0", flag, "0"])
+            .env("RUNLIMIT_KEY_SECRET", "startup-error-test-secret-0123456789")
+            .output()
+            .expect("the demo binary runs");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8(output.stderr).expect("utf-8 stderr");
+        assert_eq!(
+            stderr.lines().next(),
+            Some(
+                format!("error: invalid value '0' for '{flag} <N>': 0 is not in 1..18446744073709551615")
+                    .as_str()
+            )
+        );
+    }
+}
+
+/// The test server's `host:port`, from `RUNLIMIT_POSTGRES_TEST_DATABASE_URL`.
+fn postgres_server() -> String {
+    let url = std::env::var("RUNLIMIT_POSTGRES_TEST_DATABASE_URL")
+        .expect("RUNLIMIT_POSTGRES_TEST_DATABASE_URL names a PostgreSQL server (scripts/test sets it)");
+    let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let authority = authority.split('/').next().unwrap_or_default();
+    authority.rsplit_once('@').map_or(authority, |(_, host)| host).to_owned()
+}
+
+#[test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+fn a_missing_database_or_role_is_named_with_the_fix() {
+    let server = postgres_server();
+    let (host, port) = server.rsplit_once(':').unwrap_or((server.as_str(), "5432"));
+    let (ok, message) =
+        run(&["--database-url", &format!("postgres://postgres@{server}/runlimit_no_such_database")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: PostgreSQL at {host}:{port}/runlimit_no_such_database (--database-url) refused the \
+             connection: database \"runlimit_no_such_database\" does not exist; create it (createdb -h {host} -p \
+             {port} -U postgres runlimit_no_such_database) or name one that exists"
+        )
+    );
+    let (ok, message) =
+        run(&["--database-url", &format!("postgres://runlimit_no_such_role@{server}/postgres")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: PostgreSQL at {host}:{port}/postgres (--database-url) refused the connection: role \
+             \"runlimit_no_such_role\" does not exist; check the user and password in the URL, and the server's \
+             pg_hba.conf"
+        )
     );
 }

@@ -48,7 +48,8 @@ async fn a_complete_route_in_ten_lines_answers_200_with_fields_then_a_standard_4
         FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 2, Duration::from_secs(60))?;
     let hasher = KeyHasher::new(b"replace with 32+ bytes from your secret store")?;
     let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-        let key = parts.headers.get("x-api-key").ok_or("no API key")?;
+        // An empty header is no key: it would put every such request in one bucket.
+        let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
         Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
     };
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
@@ -98,6 +99,15 @@ async fn a_complete_route_in_ten_lines_answers_200_with_fields_then_a_standard_4
         body,
         r#"{"type":"about:blank","title":"Bad Request","status":400,"detail":"the request does not name the subject that policy \"api\" counts"}"#
     );
+    // An empty key is no key: refused alike, never one bucket shared by every such request.
+    for _ in 0..3 {
+        let (empty, body) = get_text(&url, Some("")).await;
+        assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Bad Request","status":400,"detail":"the request does not name the subject that policy \"api\" counts"}"#
+        );
+    }
     Ok(())
 }
 
