@@ -312,6 +312,18 @@ fn policies(scope: &str) -> (FixedWindowPolicy, GcraPolicy) {
     (fixed, gcra)
 }
 
+/// `RUNLIMIT_BENCH_ROUNDS`: the alternating pairs measured for a verdict (default 6).
+fn bench_rounds() -> usize {
+    std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6)
+}
+
+/// Sorts `ratios` and returns their median (`ratios` is never empty here).
+fn sorted_median(ratios: &mut [f64]) -> f64 {
+    ratios.sort_by(f64::total_cmp);
+    let middle = ratios.len() / 2;
+    if ratios.len() % 2 == 1 { ratios[middle] } else { (ratios[middle - 1] + ratios[middle]) / 2.0 }
+}
+
 fn main() {
     let Some(server) = start_server() else {
         println!("runlimit-redis bench skipped: redis-server is not installed or did not start");
@@ -415,8 +427,7 @@ fn main() {
             // On a small machine the client and the server share the cores, and one pair of
             // measurements moves with whatever else runs: the target is judged on the median
             // of the table's pair and `rounds` more pairs, each baseline then check.
-            let rounds: usize =
-                std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+            let rounds = bench_rounds();
             let mut ratios = vec![*ratio];
             if workloads.contains(&Workload::Baseline) {
                 for round in 1..=rounds {
@@ -427,12 +438,7 @@ fn main() {
                     ratios.push(fixed / baseline);
                 }
             }
-            ratios.sort_by(f64::total_cmp);
-            let median = if ratios.len() % 2 == 1 {
-                ratios[ratios.len() / 2]
-            } else {
-                (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
-            };
+            let median = sorted_median(&mut ratios);
             let verdict = if median >= 0.7 { "meets" } else { "misses" };
             println!(
                 "\nfixed single check at 8 tasks: median {median:.2}x the baseline over {} alternating pairs \
@@ -448,8 +454,7 @@ fn main() {
         }
         if workloads.contains(&Workload::Tls) && workloads.contains(&Workload::Fixed) && only.is_none_or(|only| only == 8) {
             // The same judgement for TLS: alternating pairs, plain then TLS, on one server.
-            let rounds: usize =
-                std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+            let rounds = bench_rounds();
             let mut ratios = Vec::new();
             for round in 1..=rounds.max(1) {
                 let duration = Duration::from_secs(seconds);
@@ -458,12 +463,7 @@ fn main() {
                 println!("round {round} at 8 tasks: plain {plain:.0}/s, TLS {tls:.0}/s, {:.2}x", tls / plain);
                 ratios.push(tls / plain);
             }
-            ratios.sort_by(f64::total_cmp);
-            let median = if ratios.len() % 2 == 1 {
-                ratios[ratios.len() / 2]
-            } else {
-                (ratios[ratios.len() / 2 - 1] + ratios[ratios.len() / 2]) / 2.0
-            };
+            let median = sorted_median(&mut ratios);
             println!(
                 "\nTLS single check at 8 tasks: median {median:.2}x a plain check over {} alternating pairs (from \
                  {:.2}x to {:.2}x)",
