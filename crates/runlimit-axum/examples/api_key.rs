@@ -9,11 +9,11 @@
 use std::{sync::Arc, time::Duration};
 
 use axum::{Router, routing::get};
-use http::{Request, request::Parts};
+use http::{Request, header::HeaderName};
 use http_body_util::{BodyExt as _, Empty};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use runlimit_axum::{AdmissionFieldsLayer, ProblemRejections, RateLimitLayer};
-use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId, SubjectKey};
+use runlimit_axum::{AdmissionFieldsLayer, HeaderKey, ProblemRejections, RateLimitLayer};
+use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId};
 use runlimit_memory::{MemoryStore, MemoryStoreConfig};
 
 #[tokio::main]
@@ -24,11 +24,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 3, Duration::from_secs(60))?;
     // In production the secret comes from a secret store and is the same on every replica.
     let hasher = KeyHasher::new(b"example secret: 32 bytes or more, never this one")?;
-    let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-        // An empty header is no key: it would put every such request in one bucket.
-        let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
-        Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
-    };
+    // Keyed by the x-api-key header (hashed; a missing or empty header is refused with 400).
+    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), hasher);
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
     let app = Router::new().route(
         "/items",

@@ -173,3 +173,90 @@ where
         self(parts, policy)
     }
 }
+
+/// A ready-made [`ExtractSubjectKey`]: the subject is the value of one request header (an API
+/// key, a tenant identifier), as bytes, hashed with the application's
+/// [`KeyHasher`](runlimit_core::KeyHasher) under the layer's policy, so the raw value is never
+/// stored. Case-sensitive: normalize in an extractor of your own when your keys are not.
+///
+/// A request without the header, or whose value is empty, is refused with [`MissingHeader`]
+/// (the mapper's [`RateLimitRejection::Extraction`](crate::RateLimitRejection::Extraction);
+/// [`ProblemRejections`](crate::ProblemRejections) answers 400): an empty value is no key, and
+/// counting it would put every such request in one shared bucket. A header sent more than once
+/// is keyed by its first value. Every request costs one unit.
+///
+/// # Examples
+///
+/// ```
+/// use http::header::HeaderName;
+/// use runlimit_axum::{ExtractSubjectKey, HeaderKey};
+/// use runlimit_core::{FixedWindowPolicy, KeyHasher};
+///
+/// let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(&[7; 32])?);
+/// # fn is_extractor<K: ExtractSubjectKey<FixedWindowPolicy>>(_: &K) {}
+/// # is_extractor(&api_key);
+/// assert_eq!(format!("{api_key:?}"), "HeaderKey { name: \"x-api-key\", .. }");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct HeaderKey {
+    name: http::HeaderName,
+    hasher: runlimit_core::KeyHasher,
+}
+
+impl HeaderKey {
+    /// Keys requests by the header `name`, hashed with `hasher`.
+    #[must_use]
+    pub fn new(name: http::HeaderName, hasher: runlimit_core::KeyHasher) -> Self {
+        Self { name, hasher }
+    }
+
+    /// The header read.
+    #[must_use]
+    pub fn name(&self) -> &http::HeaderName {
+        &self.name
+    }
+}
+
+impl std::fmt::Debug for HeaderKey {
+    /// The header's name only (never the hasher's secret).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeaderKey").field("name", &self.name.as_str()).finish_non_exhaustive()
+    }
+}
+
+impl<P: runlimit_core::RateLimitPolicy> ExtractSubjectKey<P> for HeaderKey {
+    type Error = MissingHeader;
+
+    fn extract_subject_key(&self, parts: &Parts, policy: &P) -> Result<SubjectKey, MissingHeader> {
+        let value = parts
+            .headers
+            .get(&self.name)
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| MissingHeader { name: self.name.clone() })?;
+        Ok(self.hasher.hash_for(policy, value.as_bytes()).into_unbound_subject_key())
+    }
+}
+
+/// Why a [`HeaderKey`] named no subject: the request lacked the header, or its value was
+/// empty. Its message names the header, never a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingHeader {
+    name: http::HeaderName,
+}
+
+impl MissingHeader {
+    /// The header that was missing or empty.
+    #[must_use]
+    pub fn name(&self) -> &http::HeaderName {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for MissingHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request has no non-empty {} header", self.name)
+    }
+}
+
+impl std::error::Error for MissingHeader {}

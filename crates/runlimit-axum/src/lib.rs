@@ -26,20 +26,16 @@
 //! ```
 //! use std::{sync::Arc, time::Duration};
 //! use axum::{Router, routing::get};
-//! use http::request::Parts;
-//! use runlimit_axum::{AdmissionFieldsLayer, ProblemRejections, RateLimitLayer};
-//! use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId, SubjectKey};
+//! use http::header::HeaderName;
+//! use runlimit_axum::{AdmissionFieldsLayer, HeaderKey, ProblemRejections, RateLimitLayer};
+//! use runlimit_core::{FixedWindowPolicy, KeyHasher, PolicyId, ScopeId};
 //! use runlimit_memory::{MemoryStore, MemoryStoreConfig};
 //!
 //! fn app(secret: &[u8]) -> Result<Router, Box<dyn std::error::Error>> {
 //!     let store = Arc::new(MemoryStore::new(MemoryStoreConfig::new(10_000)?));
 //!     let policy = FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 100, Duration::from_secs(60))?;
-//!     let hasher = KeyHasher::new(secret)?;
-//!     let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-//!         // An empty header is no key: it would put every such request in one bucket.
-//!         let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
-//!         Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
-//!     };
+//!     // Keyed by the x-api-key header (hashed; a missing or empty header is refused with 400).
+//!     let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(secret)?);
 //!     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
 //!     Ok(Router::new()
 //!         .route("/items", get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate)))
@@ -65,10 +61,12 @@
 //!
 //! ## An API-key header
 //!
-//! [A gate in ten lines](#a-gate-in-ten-lines) is this recipe: read the header, refuse the
-//! request (400, through the mapper) when it is absent, and hash its bytes with the
-//! application's [`KeyHasher`](runlimit_core::KeyHasher) so the raw key is never stored.
-//! Keys are case-sensitive bytes; if your keys are not, normalize before hashing. To keep
+//! [A gate in ten lines](#a-gate-in-ten-lines) uses the ready-made [`HeaderKey`]: it reads the
+//! header, refuses the request (400, through the mapper) when it is absent or empty (an empty
+//! value would otherwise be one bucket shared by every such request), and hashes its bytes
+//! with the application's [`KeyHasher`](runlimit_core::KeyHasher) so the raw key is never
+//! stored. Keys are case-sensitive bytes; if your keys are not, write the extractor yourself
+//! (the closure form of [`ExtractSubjectKey`] shows one) and normalize before hashing. To keep
 //! strangers from spending quota under made-up keys, authenticate first (an outer layer that
 //! rejects unknown keys) or key unauthenticated requests by peer instead.
 //!
@@ -337,7 +335,7 @@ mod respond;
 mod service;
 
 pub use crate::admission::{Admission, Admissions};
-pub use crate::extract::ExtractSubjectKey;
+pub use crate::extract::{ExtractSubjectKey, HeaderKey, MissingHeader};
 pub use crate::future::ResponseFuture;
 pub use crate::layer::RateLimitLayer;
 pub use crate::rejection::{MapRejection, RateLimitRejection};

@@ -5,10 +5,13 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{Router, routing::get};
+use http::header::HeaderName;
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
-use runlimit_axum::{AdmissionFieldsLayer, ExtractSubjectKey, ProblemRejections, RateLimitLayer};
+use runlimit_axum::{
+    AdmissionFieldsLayer, ExtractSubjectKey, HeaderKey, MissingHeader, ProblemRejections, RateLimitLayer,
+};
 use runlimit_core::{FixedWindowPolicy, GcraPolicy, KeyHasher, PolicyId, ScopeId, SubjectKey};
 use runlimit_memory::{GcraStore, MemoryStore, MemoryStoreConfig};
 use tokio::net::TcpListener;
@@ -46,12 +49,9 @@ async fn a_complete_route_in_ten_lines_answers_200_with_fields_then_a_standard_4
     let store = Arc::new(MemoryStore::new(MemoryStoreConfig::new(10_000)?));
     let policy =
         FixedWindowPolicy::new(PolicyId::new("api")?, ScopeId::new("api-key")?, 2, Duration::from_secs(60))?;
+    // Keyed by the x-api-key header (hashed; a missing or empty header is refused with 400).
     let hasher = KeyHasher::new(b"replace with 32+ bytes from your secret store")?;
-    let api_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-        // An empty header is no key: it would put every such request in one bucket.
-        let key = parts.headers.get("x-api-key").filter(|key| !key.is_empty()).ok_or("no API key")?;
-        Ok(hasher.hash_for(policy, key.as_bytes()).into_unbound_subject_key())
-    };
+    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), hasher);
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
     let app = Router::new().route(
         "/items",
@@ -246,4 +246,30 @@ async fn admitted_fields_list_every_gate_outermost_first_and_respect_the_handler
     let (own, _) = get_text(&format!("http://{url}/own"), None).await;
     assert_eq!(own.headers()["ratelimit"], "\"mine\";r=1;t=1");
     assert!(own.headers().get("ratelimit-policy").is_none());
+}
+
+/// `HeaderKey` keys by the header's bytes under the layer's policy, as the closure recipe does,
+/// and names the header (never a value) when it is missing or empty.
+#[test]
+fn header_key_hashes_the_value_and_refuses_a_missing_or_empty_one() -> Result<(), Box<dyn std::error::Error>>
+{
+    let hasher = KeyHasher::new(&[9; 32])?;
+    let key = HeaderKey::new(HeaderName::from_static("x-api-key"), hasher.clone());
+    let policy = policy(5);
+    let parts = |value: Option<&str>| {
+        let mut request = Request::get("/items");
+        if let Some(value) = value {
+            request = request.header("x-api-key", value);
+        }
+        request.body(()).unwrap().into_parts().0
+    };
+    let extracted = key.extract_subject_key(&parts(Some("k-1")), &policy)?;
+    assert_eq!(extracted, hasher.hash_for(&policy, b"k-1").into_unbound_subject_key());
+    assert_ne!(extracted, key.extract_subject_key(&parts(Some("K-1")), &policy)?);
+    for request in [parts(None), parts(Some(""))] {
+        let error: MissingHeader = key.extract_subject_key(&request, &policy).unwrap_err();
+        assert_eq!(error.name(), "x-api-key");
+        assert_eq!(error.to_string(), "the request has no non-empty x-api-key header");
+    }
+    Ok(())
 }
