@@ -344,8 +344,10 @@ fn a_missing_database_is_named_once_with_the_address() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     let last = stderr.lines().rfind(|line| !line.trim().is_empty()).unwrap();
     assert!(
-        last.starts_with("runlimit-demo: cannot connect to PostgreSQL at ")
-            && last.contains("/runlimit_demo_no_such_database (--database-url)"),
+        last.starts_with("runlimit-demo: PostgreSQL at ")
+            && last.contains("/runlimit_demo_no_such_database (--database-url) refused the connection: ")
+            && last.contains("; create it (createdb -h ")
+            && !last.contains(" at line "),
         "{last}"
     );
     assert_eq!(
