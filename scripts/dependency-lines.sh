@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints the [dependencies] lines that pin every Runlimit library crate to this checkout's
-# commit, for an application that depends on Runlimit by Git URL (see README.md, "Using the
-# crates"). The URL is this clone's `origin` remote (override with RUNLIMIT_GIT_URL); the
+# commit, for an application that depends on Runlimit by Git URL (see README.md,
+# "Installation"). The URL is this clone's `origin` remote (override with RUNLIMIT_GIT_URL); the
 # revision is the commit checked out (`git rev-parse HEAD`). Commit or push what you want to pin
 # first: a revision nobody else can fetch pins nothing.
 set -euo pipefail

@@ -132,6 +132,20 @@ pub enum RunError {
         #[source]
         source: PrepareError,
     },
+    /// The `--redis-url` server of a `rediss://` URL could not be reached over TLS, or refused
+    /// the startup checks' commands.
+    #[error(
+        "cannot use Redis at {address} over TLS (--redis-url rediss://...); check that the server listens for \
+         TLS on that port (a server without TLS needs redis://), that a CA this system trusts issued its \
+         certificate for that host, and that the URL's credentials and database are right"
+    )]
+    RedisTlsConnect {
+        /// `host:port` of the URL (never its password).
+        address: String,
+        /// Why ([`PrepareError::Unreachable`]).
+        #[source]
+        source: PrepareError,
+    },
     /// The `--redis-url` server cannot keep the limits: older than Redis 7.0, a
     /// `maxmemory-policy` other than `noeviction`, or cluster mode.
     #[error(
@@ -310,6 +324,9 @@ async fn prepare_redis<P: runlimit_redis::RedisAlgorithm>(
     limiter.prepare().await.map_err(|source| {
         let address = limiter.address();
         match source {
+            PrepareError::Unreachable(_) if limiter.connector().uses_tls() => {
+                RunError::RedisTlsConnect { address, source }
+            }
             PrepareError::Unreachable(_) => RunError::RedisConnect { address, source },
             _ => RunError::RedisUnsuitable { address, source },
         }

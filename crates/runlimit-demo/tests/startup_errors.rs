@@ -208,3 +208,23 @@ fn a_missing_database_or_role_is_named_with_the_fix() {
         )
     );
 }
+
+#[test]
+fn a_rediss_url_to_a_server_without_tls_says_so() {
+    // A loopback listener that never answers: the TLS handshake never completes, as with a
+    // Redis server that speaks no TLS on that port.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let (ok, message) = run(&["--redis-url", &format!("rediss://127.0.0.1:{port}")]);
+    assert!(!ok);
+    assert_eq!(
+        message,
+        format!(
+            "runlimit-demo: cannot use Redis at 127.0.0.1:{port} over TLS (--redis-url rediss://...); check that the \
+             server listens for TLS on that port (a server without TLS needs redis://), that a CA this system \
+             trusts issued its certificate for that host, and that the URL's credentials and database are right: \
+             could not prepare the Redis server: timed out after 1s connecting to Redis at 127.0.0.1:{port}"
+        )
+    );
+    drop(silent);
+}
