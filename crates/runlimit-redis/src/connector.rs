@@ -34,8 +34,8 @@ use crate::{
 ///
 /// | URL | transport |
 /// |---|---|
-/// | `redis://[[user]:password@]host[:port][/db]` | TCP |
-/// | `rediss://[[user]:password@]host[:port][/db]` | TLS over TCP, verified against the system's trusted roots (see [`RedisTls`] for another CA, a client certificate) |
+/// | `redis://[[user]:password@]host[:port][/db]` (or `valkey://`) | TCP |
+/// | `rediss://[[user]:password@]host[:port][/db]` (or `valkeys://`) | TLS over TCP, verified against the system's trusted roots (see [`RedisTls`] for another CA, a client certificate) |
 /// | `redis+unix:///path/to/socket[?db=N&user=U&pass=P]`, `unix:///path/to/socket[...]` | a Unix socket (Unix platforms) |
 ///
 /// A user name selects a Redis ACL user (`AUTH user password`); the crate README gives the
@@ -87,11 +87,14 @@ impl fmt::Debug for RedisConnector {
     }
 }
 
-/// The URL with `rediss://` replaced by `redis://` (what redis-rs parses without its own TLS
-/// support), or `None` for any other scheme.
+/// The URL of a TLS scheme (`rediss://`, or Valkey's `valkeys://`) with `redis://` in its
+/// place (what redis-rs parses without its own TLS support), or `None` for any other scheme.
 fn without_tls_scheme(url: &str) -> Option<String> {
-    let scheme = url.get(..9)?;
-    scheme.eq_ignore_ascii_case("rediss://").then(|| format!("redis://{}", url.get(9..).unwrap_or_default()))
+    ["rediss://", "valkeys://"].into_iter().find_map(|scheme| {
+        let head = url.get(..scheme.len())?;
+        head.eq_ignore_ascii_case(scheme)
+            .then(|| format!("redis://{}", url.get(scheme.len()..).unwrap_or_default()))
+    })
 }
 
 impl RedisConnector {

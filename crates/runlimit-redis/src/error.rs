@@ -308,7 +308,7 @@ pub enum UrlError {
     /// name.
     #[error("Redis Sentinel needs a service name and at least one Sentinel URL")]
     NoSentinels,
-    /// TLS settings were given for a URL that is not `rediss://`.
+    /// TLS settings were given for a URL that is not `rediss://` (or `valkeys://`).
     #[error("TLS settings were given for a URL that is not rediss://: use rediss://host[:port]")]
     TlsNeedsRediss,
     /// The TLS settings could not be used.

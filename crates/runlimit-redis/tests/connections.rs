@@ -351,6 +351,13 @@ fn tls_settings_are_validated_before_any_connection() {
         "TLS settings were given for a URL that is not rediss://: use rediss://host[:port]"
     );
     assert!(RedisConnector::with_tls("REDISS://127.0.0.1:6380", tls.clone()).expect("any case").uses_tls());
+    // Valkey's schemes: valkeys:// is TLS too, valkey:// is not.
+    assert!(RedisConnector::with_tls("valkeys://127.0.0.1:6380", tls.clone()).expect("valkeys").uses_tls());
+    assert!(matches!(
+        RedisConnector::with_tls("valkey://127.0.0.1:6380", tls.clone()),
+        Err(UrlError::TlsNeedsRediss)
+    ));
+    assert!(!RedisConnector::new("valkey://127.0.0.1:6379").expect("valkey").uses_tls());
 
     let error = RedisTls::with_ca_pem(b"not PEM at all").expect_err("no certificate");
     assert_eq!(error.to_string(), "the CA PEM holds no PEM certificate");
