@@ -113,13 +113,13 @@ impl RedisConnector {
         }
     }
 
-    /// A connector for the `rediss://` URL `url`, with the TLS settings `tls` (a private CA, a
-    /// client certificate). Connects nothing.
+    /// A connector for the `rediss://` (or `valkeys://`) URL `url`, with the TLS settings `tls`
+    /// (a private CA, a client certificate). Connects nothing.
     ///
     /// # Errors
     ///
-    /// [`UrlError::TlsNeedsRediss`] when `url` is not a `rediss://` URL; otherwise those of
-    /// [`new`](Self::new), and [`UrlError::Tls`] when the client certificate does not match
+    /// [`UrlError::TlsNeedsRediss`] when `url` is not a `rediss://` or `valkeys://` URL;
+    /// otherwise those of [`new`](Self::new), and [`UrlError::Tls`] when the client certificate does not match
     /// its key.
     pub fn with_tls(url: &str, tls: RedisTls) -> Result<Self, UrlError> {
         let plain = without_tls_scheme(url).ok_or(UrlError::TlsNeedsRediss)?;
