@@ -513,19 +513,10 @@ impl Connector {
         drop(answers);
         let previous = sentinel.primary.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         if previous.as_ref() != Some(&primary) && !self.watch.is_vouched() {
-            let mut info = redis::cmd("INFO");
-            info.arg("memory");
-            let reply = self.command_on(&primary, &info, connect_timeout, operation_timeout).await.map_err(
-                |failure| {
-                    format!(
-                        "names {primary}, whose maxmemory-policy could not be read: {}",
-                        describe(&failure)
-                    )
-                },
-            )?;
-            let policy = crate::store::text(&reply)
-                .and_then(|text| crate::watch::policy_of(&text).map(str::to_owned))
-                .ok_or_else(|| format!("names {primary}, whose INFO lacks maxmemory_policy"))?;
+            let policy =
+                self.read_policy(&primary, connect_timeout, operation_timeout).await.map_err(|reason| {
+                    format!("names {primary}, whose maxmemory-policy could not be read: {reason}")
+                })?;
             self.watch.record(&primary, &policy);
         }
         *sentinel.primary.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(primary.clone());
@@ -573,6 +564,29 @@ impl Connector {
             }
             _ => Err(format!("names {primary}, which is not a primary (yet)")),
         }
+    }
+
+    /// `node`'s `maxmemory-policy`, from `INFO memory` (what the eviction watch and a newly
+    /// named primary's check read); the reason in a few words otherwise.
+    pub(crate) async fn read_policy(
+        &self,
+        node: &Node,
+        connect_timeout: Duration,
+        operation_timeout: Duration,
+    ) -> Result<String, String> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let reply = self
+            .command_on(node, &info, connect_timeout, operation_timeout)
+            .await
+            .map_err(|failure| describe(&failure))?;
+        crate::store::text(&reply)
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+                    .map(|policy| policy.trim().to_owned())
+            })
+            .ok_or_else(|| "its INFO lacks maxmemory_policy".to_owned())
     }
 
     /// Marks the Sentinels' answer stale after `failure`, when it may mean the primary moved.

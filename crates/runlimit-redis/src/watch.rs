@@ -118,11 +118,6 @@ impl Watch {
     }
 }
 
-/// The `maxmemory_policy` field of an `INFO` reply.
-pub(crate) fn policy_of(info: &str) -> Option<&str> {
-    info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(str::trim)
-}
-
 /// Starts `connector`'s watch task unless it runs, the watch is off or the operator vouched.
 /// The task holds the connector weakly and ends once every handle is dropped; each reading
 /// uses `timeouts` (connect, operation).
@@ -146,14 +141,9 @@ pub(crate) fn start(connector: &Arc<Connector>, timeouts: (Duration, Duration)) 
             // yet); a new primary's policy is read before it is used.
             let _ = connector.refresh_primary(timeouts.0, timeouts.1).await;
             for node in connector.servers() {
-                let mut info = redis::cmd("INFO");
-                info.arg("memory");
                 // An unreachable server fails admissions on its own; its verdict is kept.
-                if let Ok(reply) = connector.command_on(&node, &info, timeouts.0, timeouts.1).await
-                    && let Some(text) = crate::store::text(&reply)
-                    && let Some(policy) = policy_of(&text)
-                {
-                    connector.watch.record(&node, policy);
+                if let Ok(policy) = connector.read_policy(&node, timeouts.0, timeouts.1).await {
+                    connector.watch.record(&node, &policy);
                 }
             }
             connector.watch.retain(&connector.servers());
