@@ -12,9 +12,10 @@ use runlimit_core::SubjectKey;
 /// [`SubjectKey`] and the layer binds it to its own configured policy with
 /// [`SubjectKey::bind`].
 ///
-/// The application owns trust and normalization. The adapter itself never reads
+/// The application owns trust and normalization. The layer itself never reads
 /// `Forwarded`, `X-Forwarded-For`, `ConnectInfo` or cookies; an extractor may, when the
-/// application knows which peers are trusted to supply them.
+/// application knows which peers are trusted to supply them (the ready-made [`HeaderKey`]
+/// reads one named header, and `PeerAddressKey`, with the `axum` feature, the socket peer).
 ///
 /// Implemented for every `Fn(&Parts, &P) -> Result<SubjectKey, E>`. A closure needs its
 /// argument types written out, because they are not inferred through this trait.

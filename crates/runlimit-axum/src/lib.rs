@@ -72,9 +72,17 @@
 //!
 //! ## The peer address (`ConnectInfo`)
 //!
-//! A per-client gate keyed by the socket peer address (the application's trust decision;
-//! this crate reads no address itself), with a hand-written mapper that answers 429 with
-//! `Retry-After`:
+//! With the `axum` feature, [`PeerAddressKey`] is the ready-made extractor: it keys by the
+//! socket peer's IPv4 address or IPv6 /64 network (hashed), from axum's
+//! `ConnectInfo<SocketAddr>`, and its example is a complete per-client gate. Serve the router
+//! with `into_make_service_with_connect_info::<SocketAddr>()`: without it there is no peer
+//! address, and every request is refused with [`MissingPeerAddress`], whose message names that
+//! call. It reads only the socket peer; behind a reverse proxy, every request would share the
+//! proxy's quota.
+//!
+//! Written by hand instead (to key by something derived from the address, or by the client a
+//! trusted proxy names), a per-client gate with a hand-written mapper that answers 429 with
+//! `Retry-After` is:
 //!
 //! ```
 //! use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -93,8 +101,8 @@
 //!         PolicyId::new("auth.login")?, ScopeId::new("client")?, 40, Duration::from_secs(60))?;
 //!
 //!     let client_key = move |parts: &Parts, policy: &FixedWindowPolicy| -> Result<SubjectKey, &'static str> {
-//!         let ConnectInfo(peer) =
-//!             parts.extensions.get::<ConnectInfo<SocketAddr>>().ok_or("no peer address")?;
+//!         let ConnectInfo(peer) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+//!             .ok_or("no ConnectInfo<SocketAddr>: serve with into_make_service_with_connect_info")?;
 //!         let subject = format!("client-ip:{}", peer.ip());
 //!         Ok(hasher.hash_for(policy, subject.as_bytes()).into_unbound_subject_key())
 //!     };
@@ -140,7 +148,8 @@
 //!
 //! Serve such a router with `into_make_service_with_connect_info::<SocketAddr>()` so that
 //! `ConnectInfo` is present; without it, every request is an extraction error, refused with no
-//! quota spent. Deriving the client from forwarding headers is only correct behind a proxy the
+//! quota spent (log the extraction error in the mapper, so the message that names the missing
+//! call reaches the developer rather than the client). Deriving the client from forwarding headers is only correct behind a proxy the
 //! application trusts, and is the application's decision. IPv6 clients usually control a
 //! whole /64: key by the network prefix rather than the full address when that matters.
 //!
@@ -299,8 +308,9 @@
 //!
 //! # What the adapter never does
 //!
-//! It does not read `Forwarded`, `X-Forwarded-For`, `ConnectInfo`, cookies or identities;
-//! only the application's extractor sees the request head. It does not choose a status,
+//! It does not read `Forwarded`, `X-Forwarded-For`, cookies or identities, nor `ConnectInfo`
+//! unless the application picks [`PeerAddressKey`]; only the application's extractor sees the
+//! request head. It does not choose a status,
 //! body or header for any rejection unless the application picks [`ProblemRejections`] as its
 //! mapper, adds no header to an admitted response unless the application adds
 //! [`AdmissionFieldsLayer`], does not wait for quota in `poll_ready` (a denial is a
@@ -316,11 +326,12 @@
 //!
 //! | Feature | Default | What it enables |
 //! |---|---|---|
+//! | `axum` | no | [`PeerAddressKey`], the ready-made extractor keyed by the peer address axum's `ConnectInfo<SocketAddr>` gives (see [The peer address](#the-peer-address-connectinfo)). |
 //! | `tonic` | no | [`RateLimit`] implements `tonic::server::NamedService` for a named inner service, so one gRPC service can be gated on its own (see [gRPC](#grpc-tonic)). |
 //!
 //! Without features the crate depends on `tower-layer`, `tower-service`, `http`,
 //! `runlimit-http` and `serde_json` (for the ready-made responses), not on `axum` or `tonic`
-//! itself.
+//! itself; `axum` adds axum without its default features.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
@@ -330,6 +341,8 @@ mod admission;
 mod extract;
 mod future;
 mod layer;
+#[cfg(feature = "axum")]
+mod peer;
 mod rejection;
 mod respond;
 mod service;
@@ -338,6 +351,9 @@ pub use crate::admission::{Admission, Admissions};
 pub use crate::extract::{ExtractSubjectKey, HeaderKey, MissingHeader};
 pub use crate::future::ResponseFuture;
 pub use crate::layer::RateLimitLayer;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use crate::peer::{DEFAULT_IPV6_PREFIX_LEN, InvalidIpv6PrefixLen, MissingPeerAddress, PeerAddressKey};
 pub use crate::rejection::{MapRejection, RateLimitRejection};
 pub use crate::respond::{
     AdmissionFields, AdmissionFieldsFuture, AdmissionFieldsLayer, NamePolicy, PROBLEM_JSON,

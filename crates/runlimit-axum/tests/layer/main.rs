@@ -3,6 +3,8 @@
 mod contracts;
 mod cors;
 mod memory;
+#[cfg(feature = "axum")]
+mod peer;
 mod ready_made;
 mod real_http;
 mod router;
