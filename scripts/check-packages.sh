@@ -4,7 +4,7 @@
 # [workspace.metadata.release] in Cargo.toml, together, so a crate whose Runlimit dependencies are
 # not on the registry yet is verified against their packages (cargo 1.90 or newer).
 #
-# Run by scripts/test and scripts/prepare-release.sh. It checks the working tree as it is
+# Run by scripts/test-packaging and scripts/prepare-release.sh. It checks the working tree as it is
 # (--allow-dirty), so it also runs before a change is committed; scripts/publish-release.sh
 # publishes only a clean, pushed tree. It builds in its own target directory,
 # RUNLIMIT_PACKAGE_CHECK_TARGET_DIR (default target/package-check), where the packages land too

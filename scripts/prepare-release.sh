@@ -11,7 +11,7 @@
 #    dated '## [X.Y.Z] - YYYY-MM-DD' heading to CHANGELOG.md: the notes gathered under
 #    [Unreleased] move under it, or a placeholder does when there are none, for the author to
 #    fill (scripts/publish-release.sh refuses while the placeholder is there).
-# 3. Runs the full test command, scripts/test, which includes the packaging check
+# 3. Runs the full test command, scripts/test, then the packaging check
 #    (scripts/check-packages.sh: every published crate packaged and built from its package). The
 #    test command needs PostgreSQL: RUNLIMIT_POSTGRES_TEST_DATABASE_URL, or the server binaries
 #    for the disposable cluster scripts/test starts (see the README).
@@ -20,7 +20,7 @@
 #
 # RUNLIMIT_PREPARE_SKIP_TEST_COMMAND=1 skips step 3's scripts/test and runs only the packaging
 # check. It exists for the release scripts' own end-to-end test (scripts/test-release.sh), which
-# prepares throwaway copies of the repository from inside a run of scripts/test; never set it when
+# prepares throwaway copies of the repository from inside scripts/test-packaging; never set it when
 # preparing a real release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,8 +78,9 @@ if [ "${RUNLIMIT_PREPARE_SKIP_TEST_COMMAND:-}" = 1 ]; then
   printf '==> RUNLIMIT_PREPARE_SKIP_TEST_COMMAND=1: scripts/test SKIPPED (only the release scripts own test may skip it); the packaging check alone\n'
   bash scripts/check-packages.sh
 else
-  printf '==> scripts/test (the full test command, including the packaging check)\n'
+  printf '==> scripts/test (the full test command), then the packaging check\n'
   bash scripts/test
+  bash scripts/check-packages.sh
 fi
 trap - ERR
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of scripts/prepare-release.sh and scripts/publish-release.sh against real
-# parts, run by scripts/test:
+# parts, run by scripts/test-packaging:
 #
 # - a throwaway copy of this repository (the working tree's files, committed there), whose
 #   upstream is a local bare Git repository (origin/main);
@@ -25,8 +25,8 @@
 # The copy differs from this tree in one fixture commit: its Runlimit crates depend on each other
 # through the test registry (registry = "runlimit-test" on their [workspace.dependencies]; Cargo
 # otherwise resolves a published crate's dependencies on crates.io) and name the bare remote as
-# their repository. Prepare runs with RUNLIMIT_PREPARE_SKIP_TEST_COMMAND=1, since this runs inside
-# scripts/test; the packaging check still runs. Builds share RUNLIMIT_PACKAGE_CHECK_TARGET_DIR
+# their repository. Prepare runs with RUNLIMIT_PREPARE_SKIP_TEST_COMMAND=1 (the copies are this tree,
+# which scripts/test checks); the packaging check still runs. Builds share RUNLIMIT_PACKAGE_CHECK_TARGET_DIR
 # (default target/package-check) with the packaging check, whose dependency builds they reuse.
 # What Cargo keeps of the test registry in $CARGO_HOME (its index, downloads and unpacked
 # packages) is removed at the end. Ends with "N passed, 0 failed"; on failure it keeps its scratch
