@@ -238,20 +238,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connects the `--database-url` pool: one connection first, so that a failure names its
 /// cause (a pool would retry until its acquire timeout and report only that).
 async fn postgres_pool(args: &Args, url: &str) -> Result<sqlx::PgPool, RunError> {
-    // SQLx reads any URL's host, port, user and database, whatever its scheme: without this
-    // check, `mysql://USER@HOST/DB` would reach a PostgreSQL server on HOST's port 5432 and fail
-    // there with an unrelated error (`role "USER" does not exist`).
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    if !scheme.is_some_and(|scheme| {
-        scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
-    }) {
-        let reason = match scheme {
-            Some(scheme) => format!("the scheme is `{scheme}`, not postgres or postgresql"),
-            None => "no postgres:// or postgresql:// scheme".to_owned(),
-        };
-        return Err(RunError::DatabaseUrl { source: sqlx::Error::Configuration(reason.into()) });
-    }
-    let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
+    // Refuses other schemes, which SQLx would otherwise read as PostgreSQL URLs.
+    let options: PgConnectOptions = runlimit_postgres::connect_options_from_url(url)
+        .map_err(|source| RunError::DatabaseUrl { source })?;
     let address = format!(
         "{}:{}/{}",
         options.get_host(),
@@ -400,15 +389,16 @@ async fn backends(args: &Args) -> Result<Backends, RunError> {
 pub async fn run(args: Args) -> Result<(), RunError> {
     let (hasher, source) = key_hasher_from_env(std::env::var_os(KEY_SECRET_ENV))
         .map_err(|source| RunError::KeySecret { source })?;
+    let gates = Gates::new(&args).map_err(|source| RunError::Gates { source })?;
+    let metrics = install_metrics()?;
+    let backends = backends(&args).await?;
+    // Warned once the demo will run: a startup error is then the only thing printed.
     if source == KeySecretSource::Ephemeral {
         tracing::warn!(
             "{KEY_SECRET_ENV} is not set: generated an ephemeral key secret; counters are not shared \
              across replicas and are lost on restart"
         );
     }
-    let gates = Gates::new(&args).map_err(|source| RunError::Gates { source })?;
-    let metrics = install_metrics()?;
-    let backends = backends(&args).await?;
     let (identity_gate, items_gate, attempt_limiter) =
         (backends.identity.label(), backends.items.label(), backends.attempts.label());
     let upkeep = metrics.clone();

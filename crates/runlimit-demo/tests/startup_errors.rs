@@ -30,6 +30,25 @@ fn a_malformed_database_url_names_the_flag_and_the_expected_form() {
 }
 
 #[test]
+fn without_a_key_secret_a_startup_error_is_all_that_is_printed() {
+    // No RUNLIMIT_KEY_SECRET: the demo would warn about its ephemeral secret, but only once it
+    // is going to serve; a fatal error comes alone.
+    let output = Command::new(env!("CARGO_BIN_EXE_runlimit-demo"))
+        .args(["--listen", "127.0.0.1:0", "--database-url", "mysql://demo@127.0.0.1/app"])
+        .env_remove("RUNLIMIT_KEY_SECRET")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("the demo binary runs");
+    assert!(!output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stderr).expect("utf-8 stderr").trim_end(),
+        "runlimit-demo: --database-url is not a PostgreSQL URL; expected postgres://USER@HOST:PORT/DATABASE: \
+         error with configuration: the scheme is `mysql`, not postgres or postgresql"
+    );
+}
+
+#[test]
 fn an_unreachable_server_names_its_address_and_the_cause_at_once() {
     // A loopback port nothing listens on: bound, then released.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

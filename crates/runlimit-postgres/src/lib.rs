@@ -113,6 +113,7 @@ mod prepared;
 mod script;
 mod store;
 mod transaction;
+mod url;
 
 pub use crate::config::{
     CAPACITY_SHARDS, ConfigError, MAX_ROWS_PER_SHARD, MAX_TIMEOUT, MAX_TIMEOUT_MILLIS, PostgresConfig,
@@ -129,6 +130,7 @@ pub use crate::gcra::migrations::{
     CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
 };
 pub use crate::store::{PostgresAlgorithm, PostgresStore};
+pub use crate::url::connect_options_from_url;
 
 /// Anchored fixed-window rate limiting stored in PostgreSQL and shared by every replica using
 /// the same database.

@@ -565,19 +565,9 @@ async fn backend(args: &Args) -> Result<Backend, RunError> {
         });
     }
     if let Some(url) = &args.database_url {
-        // SQLx reads any URL's host, port, user and database, whatever its scheme: without this
-        // check, `mysql://HOST/DB` would connect to a PostgreSQL server on HOST's port 5432.
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-        if !scheme.is_some_and(|scheme| {
-            scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
-        }) {
-            let reason = match scheme {
-                Some(scheme) => format!("the scheme is `{scheme}`, not postgres or postgresql"),
-                None => "no postgres:// or postgresql:// scheme".to_owned(),
-            };
-            return Err(RunError::DatabaseUrl { source: sqlx::Error::Configuration(reason.into()) });
-        }
-        let options: PgConnectOptions = url.parse().map_err(|source| RunError::DatabaseUrl { source })?;
+        // Refuses other schemes, which SQLx would otherwise read as PostgreSQL URLs.
+        let options: PgConnectOptions = runlimit_postgres::connect_options_from_url(url)
+            .map_err(|source| RunError::DatabaseUrl { source })?;
         let address = format!(
             "{}:{}/{}",
             options.get_host(),

@@ -1,0 +1,181 @@
+//! The cost of a gate over real HTTP: requests per second of a route behind a GCRA gate with
+//! the draft-11 fields against the same server's ungated route, measured by wrk.
+//!
+//! ```text
+//! cargo bench -p runlimit-axum --bench gate
+//! ```
+//!
+//! A documented bench binary (`harness = false`) rather than criterion: the figure of interest
+//! is the ratio of two closed-loop throughputs measured by a load client nobody here wrote,
+//! [wrk](https://github.com/wg/wrk) (Debian/Ubuntu: `apt-get install wrk`; the bench stops
+//! with that hint when it is missing).
+//!
+//! The server is axum on a Tokio runtime of its own (as many workers as cores), listening on
+//! a loopback port, with two routes answering the same 5-byte body:
+//!
+//! - `GET /ungated`: the handler alone;
+//! - `GET /gated`: the handler behind `AdmissionFieldsLayer` and a `RateLimitLayer` over a
+//!   `runlimit_memory::GcraStore` (10,000 keys), keyed by the `x-api-key` header with
+//!   `HeaderKey`, mapped by `ProblemRejections`: the crate's ten-line gate, GCRA. The policy
+//!   admits everything (a quota of 1,000,000,000 per hour, a burst as large), so every
+//!   response is `200` with `RateLimit-Policy` and `RateLimit` fields; the bench checks one
+//!   response of each route before measuring.
+//!
+//! wrk sends the same request head to both (`x-api-key: bench-client`), with
+//! `RUNLIMIT_BENCH_CONNECTIONS` connections (default 16) on one thread, for
+//! `RUNLIMIT_BENCH_SECONDS` (default 3) per run after a 1 s warm-up of each route. Client and
+//! server share the cores, so one pair moves with whatever else runs: the bench measures
+//! `RUNLIMIT_BENCH_ROUNDS` (default 7) interleaved pairs, ungated then gated, prints each, and
+//! judges the target (the gated route at least 0.95x the ungated one) on the median ratio.
+
+use std::{
+    net::SocketAddr,
+    process::{Command, ExitCode},
+    sync::Arc,
+    time::Duration,
+};
+
+use axum::{Router, routing::get};
+use http::header::HeaderName;
+use runlimit_axum::{AdmissionFieldsLayer, HeaderKey, ProblemRejections, RateLimitLayer};
+use runlimit_core::{GcraPolicy, KeyHasher, PolicyId, ScopeId};
+use runlimit_memory::{GcraStore, MemoryStoreConfig};
+
+/// The target: gated throughput at least this fraction of ungated.
+const TARGET: f64 = 0.95;
+
+fn env_u64(name: &str, default: u64) -> Result<u64, String> {
+    match std::env::var(name) {
+        Ok(value) => value.parse().map_err(|_| format!("{name}={value} is not a whole number")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn app() -> Result<Router, Box<dyn std::error::Error>> {
+    let store = Arc::new(GcraStore::new(MemoryStoreConfig::new(10_000)?));
+    let policy = GcraPolicy::new(
+        PolicyId::new("items")?,
+        ScopeId::new("api-key")?,
+        1_000_000_000,
+        Duration::from_secs(3_600),
+        1_000_000_000,
+    )?;
+    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(&[7; 32])?);
+    let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
+    Ok(Router::new().route("/ungated", get(|| async { "items" })).route(
+        "/gated",
+        get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate),
+    ))
+}
+
+/// One wrk run against `url`; its requests per second.
+fn wrk(url: &str, connections: u64, seconds: u64) -> Result<f64, String> {
+    let output = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "-H",
+            "x-api-key: bench-client",
+            url,
+        ])
+        .output()
+        .map_err(|error| {
+            format!("cannot run wrk ({error}): install it (Debian/Ubuntu: apt-get install wrk)")
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!("wrk failed: {}{}", stdout, String::from_utf8_lossy(&output.stderr)));
+    }
+    if stdout.contains("Non-2xx") || stdout.contains("Socket errors") {
+        return Err(format!("wrk saw errors:\n{stdout}"));
+    }
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("Requests/sec:"))
+        .and_then(|rate| rate.trim().parse().ok())
+        .ok_or_else(|| format!("no Requests/sec in wrk's output:\n{stdout}"))
+}
+
+/// The head of one `GET` to `url` (status line and headers), by wrk's peer: a plain request.
+async fn head(address: SocketAddr, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.map_err(|error| error.to_string())?;
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: bench\r\nx-api-key: bench-client\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.map_err(|error| error.to_string())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.map_err(|error| error.to_string())?;
+    Ok(response)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn run() -> Result<(), String> {
+    let connections = env_u64("RUNLIMIT_BENCH_CONNECTIONS", 16)?;
+    let seconds = env_u64("RUNLIMIT_BENCH_SECONDS", 3)?.max(1);
+    let rounds = env_u64("RUNLIMIT_BENCH_ROUNDS", 7)?.max(1);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let app = app().map_err(|error| error.to_string())?;
+    let address = runtime.block_on(async {
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|error| error.to_string())?;
+        let address = listener.local_addr().map_err(|error| error.to_string())?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok::<_, String>(address)
+    })?;
+    for (path, expected) in [("/ungated", None), ("/gated", Some("ratelimit: \"items\";r="))] {
+        let response = runtime.block_on(head(address, path))?;
+        if !response.starts_with("HTTP/1.1 200 OK") || expected.is_some_and(|field| !response.contains(field))
+        {
+            return Err(format!("GET {path} answered unexpectedly:\n{response}"));
+        }
+    }
+    let ungated = format!("http://{address}/ungated");
+    let gated = format!("http://{address}/gated");
+    wrk(&ungated, connections, 1)?;
+    wrk(&gated, connections, 1)?;
+
+    println!(
+        "GET /gated (GCRA gate + draft-11 fields) against GET /ungated, wrk -t1 -c{connections} -d{seconds}s, \
+         {rounds} interleaved pairs"
+    );
+    println!("{:>5} {:>14} {:>14} {:>7}", "pair", "ungated req/s", "gated req/s", "ratio");
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        let base = wrk(&ungated, connections, seconds)?;
+        let with_gate = wrk(&gated, connections, seconds)?;
+        let ratio = with_gate / base;
+        ratios.push(ratio);
+        println!("{round:>5} {base:>14.0} {with_gate:>14.0} {ratio:>6.2}x");
+    }
+    let ratio = median(&mut ratios);
+    let verdict = if ratio >= TARGET { "met" } else { "missed" };
+    println!("median gated/ungated: {ratio:.2}x (target >= {TARGET:.2}x: {verdict})");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // `cargo test --benches` and `cargo bench -- --list` pass arguments: build-check only.
+    if std::env::args().skip(1).any(|argument| argument == "--list" || argument == "--test") {
+        return ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("gate bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
