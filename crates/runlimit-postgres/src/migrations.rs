@@ -1,6 +1,11 @@
 //! Running a bundled migration stream.
 
-use sqlx::{Connection, PgPool, migrate::Migrator};
+use std::borrow::Cow;
+
+use sqlx::{
+    AssertSqlSafe, Connection, PgPool, SqlSafeStr as _,
+    migrate::{Migration, MigrationType, Migrator},
+};
 use tokio::time::timeout;
 
 use crate::{config::PostgresConfig, error::MigrationError};
@@ -41,4 +46,57 @@ pub(crate) fn shared_history(migrator: &Migrator) -> Migrator {
     let mut shared = Migrator::with_migrations(migrator.iter().cloned().collect());
     shared.set_ignore_missing(true);
     shared
+}
+
+/// The migrator of a bundled stream, from its migrations as `(version, description, SQL)`:
+/// what `sqlx::migrate!` builds from a directory of `VERSION_DESCRIPTION.sql` files (the
+/// description is the file name's with `_` as spaces; `-- no-transaction` as the first line
+/// opts out of the transaction; the checksum is SHA-384 of the text), built at run time
+/// instead, so that building this crate compiles no SQLx proc macro (and with it a second copy
+/// of SQLx and Tokio for the host). Each stream's tests compare it with
+/// `Migrator::new` reading the directory, checksums included.
+pub(crate) fn bundled(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
+    Migrator::with_migrations(
+        migrations
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    AssertSqlSafe(sql).into_sql_str(),
+                    sql.starts_with("-- no-transaction"),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Test support: `migrator` equals what SQLx resolves from `directory` (relative to this
+/// crate's manifest): the same versions, descriptions, types, SQL, checksums and transaction
+/// choices, in the same order, and SQLx's strict defaults.
+#[cfg(test)]
+pub(crate) async fn assert_matches_directory(migrator: &Migrator, directory: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(directory);
+    let resolved = Migrator::new(path).await.unwrap();
+    let shape = |migrator: &Migrator| -> Vec<_> {
+        migrator
+            .iter()
+            .map(|m| {
+                (
+                    m.version,
+                    m.description.to_string(),
+                    m.migration_type,
+                    m.sql.as_str().to_owned(),
+                    m.checksum.to_vec(),
+                    m.no_tx,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(shape(migrator), shape(&resolved));
+    assert_eq!(
+        (migrator.ignore_missing, migrator.locking, migrator.no_tx),
+        (resolved.ignore_missing, resolved.locking, resolved.no_tx)
+    );
 }

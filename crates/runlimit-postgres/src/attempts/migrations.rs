@@ -1,5 +1,7 @@
 //! The attempt-limiting migration stream, separate from the fixed-window and GCRA ones.
 
+use std::sync::LazyLock;
+
 use sqlx::migrate::Migrator;
 
 /// Migration `20250801000001_create_runlimit_attempts`: the `public.runlimit_attempt_shards`
@@ -24,11 +26,26 @@ pub const ATTEMPTS_MIGRATION_VERSIONS: [i64; 1] = [20_250_801_000_001];
 /// owns the history; run it on a dedicated `PgConnection`. Prefer
 /// [`PostgresAttemptLimiter::migrate`](super::PostgresAttemptLimiter::migrate), which tolerates
 /// other migrators' versions.
-pub static ATTEMPTS_MIGRATOR: Migrator = sqlx::migrate!("./attempts-migrations");
+///
+/// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
+/// from the crate's migration directory (the same versions, descriptions and checksums); it
+/// dereferences to [`Migrator`].
+pub static ATTEMPTS_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    crate::migrations::bundled(&[(
+        ATTEMPTS_MIGRATION_VERSIONS[0],
+        "create runlimit attempts",
+        CREATE_RUNLIMIT_ATTEMPTS_SQL,
+    )])
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_migrator_is_what_sqlx_reads_from_the_directory() {
+        crate::migrations::assert_matches_directory(&ATTEMPTS_MIGRATOR, "attempts-migrations").await;
+    }
 
     #[test]
     fn constant_is_the_migrator_source() {

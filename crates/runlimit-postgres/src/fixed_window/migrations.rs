@@ -1,5 +1,7 @@
 //! The fixed-window migration stream, as SQL text and as SQLx migrators.
 
+use std::sync::LazyLock;
+
 use sqlx::migrate::Migrator;
 
 /// Migration `20250601000001_create_runlimit_fixed_windows`: the `public.runlimit_fixed_windows`
@@ -53,11 +55,39 @@ pub const MIGRATION_VERSIONS: [i64; 4] =
 /// migrator through a pool can leak SQLx's session-level migration lock into the pool when a
 /// migration fails (SQLx takes it with `pg_advisory_lock`, a session-level lock, and a failed
 /// migration returns before unlocking): run it on a dedicated `PgConnection`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+///
+/// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
+/// from the crate's migration directory (the same versions, descriptions and checksums); it
+/// dereferences to [`Migrator`].
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    crate::migrations::bundled(&[
+        (MIGRATION_VERSIONS[0], "create runlimit fixed windows", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),
+        (
+            MIGRATION_VERSIONS[1],
+            "set runlimit fixed windows fillfactor",
+            SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
+        ),
+        (
+            MIGRATION_VERSIONS[2],
+            "bound runlimit fixed window cardinality",
+            BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL,
+        ),
+        (
+            MIGRATION_VERSIONS[3],
+            "add runlimit fixed window admission functions",
+            ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL,
+        ),
+    ])
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_migrator_is_what_sqlx_reads_from_the_directory() {
+        crate::migrations::assert_matches_directory(&MIGRATOR, "migrations").await;
+    }
 
     #[test]
     fn constants_are_the_migrator_sources() {

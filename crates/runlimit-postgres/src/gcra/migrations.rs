@@ -1,5 +1,7 @@
 //! The GCRA migration stream, separate from the fixed-window one.
 
+use std::sync::LazyLock;
+
 use sqlx::migrate::Migrator;
 
 /// Migration `20250701000001_create_runlimit_gcra`: the `public.runlimit_gcra` table
@@ -31,11 +33,29 @@ pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_00
 /// not know, including the fixed-window ones). Suitable only when Runlimit's GCRA stream
 /// exclusively owns the history; run it on a dedicated `PgConnection`. Prefer
 /// [`PostgresGcraLimiter::migrate`](crate::PostgresGcraLimiter::migrate).
-pub static GCRA_MIGRATOR: Migrator = sqlx::migrate!("./gcra-migrations");
+///
+/// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
+/// from the crate's migration directory (the same versions, descriptions and checksums); it
+/// dereferences to [`Migrator`].
+pub static GCRA_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    crate::migrations::bundled(&[
+        (GCRA_MIGRATION_VERSIONS[0], "create runlimit gcra", CREATE_RUNLIMIT_GCRA_SQL),
+        (
+            GCRA_MIGRATION_VERSIONS[1],
+            "index runlimit gcra shard expiry",
+            INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+        ),
+    ])
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_migrator_is_what_sqlx_reads_from_the_directory() {
+        crate::migrations::assert_matches_directory(&GCRA_MIGRATOR, "gcra-migrations").await;
+    }
 
     #[test]
     fn constants_are_the_migrator_sources() {
