@@ -13,9 +13,10 @@ use sqlx::postgres::PgConnectOptions;
 ///
 /// # Errors
 ///
-/// [`sqlx::Error::Configuration`] when the URL has another scheme (`the scheme is `mysql`, not
-/// postgres or postgresql`) or none (`no postgres:// or postgresql:// scheme`); SQLx's parse
-/// error when the rest of the URL is malformed.
+/// [`sqlx::Error::Configuration`](https://docs.rs/sqlx/0.9/sqlx/enum.Error.html#variant.Configuration)
+/// when the URL has another scheme (its message then reads ``the scheme is `mysql`, not postgres
+/// or postgresql``) or none (`no postgres:// or postgresql:// scheme`); SQLx's parse error when
+/// the rest of the URL is malformed.
 ///
 /// # Examples
 ///

@@ -29,7 +29,7 @@ pub const ATTEMPTS_MIGRATION_VERSIONS: [i64; 1] = [20_250_801_000_001];
 ///
 /// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
 /// from the crate's migration directory (the same versions, descriptions and checksums); it
-/// dereferences to [`Migrator`].
+/// dereferences to [`Migrator`](https://docs.rs/sqlx/0.9/sqlx/migrate/struct.Migrator.html).
 pub static ATTEMPTS_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     crate::migrations::bundled(&[(
         ATTEMPTS_MIGRATION_VERSIONS[0],

@@ -58,7 +58,7 @@ pub const MIGRATION_VERSIONS: [i64; 4] =
 ///
 /// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
 /// from the crate's migration directory (the same versions, descriptions and checksums); it
-/// dereferences to [`Migrator`].
+/// dereferences to [`Migrator`](https://docs.rs/sqlx/0.9/sqlx/migrate/struct.Migrator.html).
 pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     crate::migrations::bundled(&[
         (MIGRATION_VERSIONS[0], "create runlimit fixed windows", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),

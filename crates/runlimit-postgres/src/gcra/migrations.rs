@@ -36,7 +36,7 @@ pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_00
 ///
 /// Built on first use from the SQL constants above, exactly as `sqlx::migrate!` would build it
 /// from the crate's migration directory (the same versions, descriptions and checksums); it
-/// dereferences to [`Migrator`].
+/// dereferences to [`Migrator`](https://docs.rs/sqlx/0.9/sqlx/migrate/struct.Migrator.html).
 pub static GCRA_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     crate::migrations::bundled(&[
         (GCRA_MIGRATION_VERSIONS[0], "create runlimit gcra", CREATE_RUNLIMIT_GCRA_SQL),
