@@ -6,7 +6,7 @@
 //! on the manual clock a fresh window reports the whole unit until reset, where
 //! envoyproxy/ratelimit reports the time to the end of an epoch-aligned window.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use support::{
 const NO_LIMIT: support::StatusView = (Code::Ok, None, 0, None);
 
 // Example 1: two top-level rules of one key with different values, 500 per second each.
-const EXAMPLE_1: &str = include_str!("envoy-ratelimit/readme/example1.yaml");
+const EXAMPLE_1: &str = include_str!("../envoy-ratelimit/readme/example1.yaml");
 
 #[tokio::test]
 async fn example_1_each_value_has_its_own_500_per_second() {
@@ -61,7 +61,7 @@ async fn example_1_each_value_has_its_own_500_per_second() {
 }
 
 // Example 2: a placeholder with a nested key-only rule, and a top-level key-only rule.
-const EXAMPLE_2: &str = include_str!("envoy-ratelimit/readme/example2.yaml");
+const EXAMPLE_2: &str = include_str!("../envoy-ratelimit/readme/example2.yaml");
 
 const DAY_MS: u64 = 86_400_000;
 
@@ -119,7 +119,7 @@ async fn example_2_marketing_messages_five_a_day_per_number_and_one_hundred_mess
 }
 
 // Example 3: a per-IP limit and a blacklisted IP (`requests_per_unit: 0`).
-const EXAMPLE_3: &str = include_str!("envoy-ratelimit/readme/example3.yaml");
+const EXAMPLE_3: &str = include_str!("../envoy-ratelimit/readme/example3.yaml");
 
 #[tokio::test]
 async fn example_3_ten_per_second_per_ip_and_a_blacklisted_ip() {
@@ -160,9 +160,9 @@ async fn example_3_ten_per_second_per_ip_and_a_blacklisted_ip() {
 }
 
 // Example 4: a request deeper than the rule matches nothing; the nested rule matches.
-const EXAMPLE_4_NO_MATCH: &str = include_str!("envoy-ratelimit/readme/example4.yaml");
+const EXAMPLE_4_NO_MATCH: &str = include_str!("../envoy-ratelimit/readme/example4.yaml");
 
-const EXAMPLE_4_MATCH: &str = include_str!("envoy-ratelimit/readme/example4-nested.yaml");
+const EXAMPLE_4_MATCH: &str = include_str!("../envoy-ratelimit/readme/example4-nested.yaml");
 
 #[tokio::test]
 async fn example_4_a_request_deeper_than_the_rule_matches_nothing() {
@@ -192,7 +192,7 @@ async fn example_4_the_nested_rule_matches_the_two_entry_request() {
 }
 
 // Example 5: an unlimited key beside a limited one.
-const EXAMPLE_5: &str = include_str!("envoy-ratelimit/readme/example5.yaml");
+const EXAMPLE_5: &str = include_str!("../envoy-ratelimit/readme/example5.yaml");
 
 #[tokio::test]
 async fn example_5_unlimited_answers_ok_with_max_uint32_remaining() {
@@ -224,7 +224,7 @@ async fn example_5_unlimited_answers_ok_with_max_uint32_remaining() {
 }
 
 // Example 6: a shadow-mode rule beside an enforced one.
-const EXAMPLE_6: &str = include_str!("envoy-ratelimit/readme/example6.yaml");
+const EXAMPLE_6: &str = include_str!("../envoy-ratelimit/readme/example6.yaml");
 
 #[tokio::test]
 async fn example_6_user_a_is_never_limited_user_b_is_limited_to_twenty_per_second() {
@@ -263,7 +263,7 @@ async fn example_6_user_a_is_never_limited_user_b_is_limited_to_twenty_per_secon
 }
 
 // Example 7: `replaces`.
-const EXAMPLE_7: &str = include_str!("envoy-ratelimit/readme/example7.yaml");
+const EXAMPLE_7: &str = include_str!("../envoy-ratelimit/readme/example7.yaml");
 
 #[tokio::test]
 async fn example_7_the_replacing_rule_alone_applies_when_both_match() {
@@ -297,7 +297,7 @@ async fn example_7_the_replacing_rule_alone_applies_when_both_match() {
 
 // Example 8: `detailed_metric` (accepted; it only shapes envoyproxy/ratelimit's stats keys).
 // The README's prose says `key_1` and "/ sec"; its YAML, used here, says `key1` and minute.
-const EXAMPLE_8: &str = include_str!("envoy-ratelimit/readme/example8.yaml");
+const EXAMPLE_8: &str = include_str!("../envoy-ratelimit/readme/example8.yaml");
 
 #[tokio::test]
 async fn example_8_each_unspecified_value_has_its_own_ten_and_value1_has_twenty() {
@@ -317,11 +317,11 @@ async fn example_8_each_unspecified_value_has_its_own_ten_and_value1_has_twenty(
 }
 
 // Example 9: wildcards, trailing, in the middle and several.
-const EXAMPLE_9_TRAILING: &str = include_str!("envoy-ratelimit/readme/example9.yaml");
+const EXAMPLE_9_TRAILING: &str = include_str!("../envoy-ratelimit/readme/example9.yaml");
 
-const EXAMPLE_9_MIDDLE: &str = include_str!("envoy-ratelimit/readme/example9-middle.yaml");
+const EXAMPLE_9_MIDDLE: &str = include_str!("../envoy-ratelimit/readme/example9-middle.yaml");
 
-const EXAMPLE_9_SEVERAL: &str = include_str!("envoy-ratelimit/readme/example9-several.yaml");
+const EXAMPLE_9_SEVERAL: &str = include_str!("../envoy-ratelimit/readme/example9-several.yaml");
 
 /// Asserts that each of `matching` is limited with a counter of its own, and each of
 /// `others` matches nothing.

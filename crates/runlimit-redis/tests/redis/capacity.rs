@@ -2,8 +2,7 @@
 //! with `StorageCapacity`, no live key loses its count, the server's memory stays bounded, and
 //! cleanup frees slots once entries expire.
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -11,11 +11,11 @@
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo test -p runlimit-server --test shared_backends -- --include-ignored
+//!     cargo test -p runlimit-server --test server shared_backends:: -- --include-ignored
 //! ```
 
-mod backends;
-mod support;
+use crate::backends;
+use crate::support;
 
 use std::{fmt::Write as _, ops::RangeInclusive, time::Instant};
 

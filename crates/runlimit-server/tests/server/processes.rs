@@ -10,11 +10,11 @@
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo test -p runlimit-server --test processes -- --include-ignored
+//!     cargo test -p runlimit-server --test server processes:: -- --include-ignored
 //! ```
 
-mod backends;
-mod support;
+use crate::backends;
+use crate::support;
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 

@@ -2,7 +2,7 @@
 //! naming the field, charging nothing), `hits_addend`, descriptors reaching one counter, limit
 //! overrides and unknown domains.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -47,10 +47,10 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 /// envoyproxy/ratelimit's README example 2.
-const MESSAGING: &str = include_str!("envoy-ratelimit/readme/example2.yaml");
+const MESSAGING: &str = include_str!("../envoy-ratelimit/readme/example2.yaml");
 
 /// envoyproxy/ratelimit's README example 5.
-const INTERNAL: &str = include_str!("envoy-ratelimit/readme/example5.yaml");
+const INTERNAL: &str = include_str!("../envoy-ratelimit/readme/example5.yaml");
 
 #[test]
 fn a_valid_file_prints_the_summary_and_exits_0() {

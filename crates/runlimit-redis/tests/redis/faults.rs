@@ -11,11 +11,10 @@
 //!
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
-//!     cargo test -p runlimit-redis --test faults -- --include-ignored
+//!     cargo test -p runlimit-redis --test redis faults:: -- --include-ignored
 //! ```
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     collections::BTreeMap,

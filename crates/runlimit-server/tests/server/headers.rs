@@ -2,7 +2,7 @@
 //! `Retry-After`) and envoyproxy/ratelimit's (`RateLimit-Limit`, `RateLimit-Remaining`,
 //! `RateLimit-Reset`), exact strings, on allowed and over-limit answers.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

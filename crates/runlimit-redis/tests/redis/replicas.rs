@@ -38,11 +38,10 @@
 //!
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
-//!     cargo test -p runlimit-redis --test replicas -- --include-ignored
+//!     cargo test -p runlimit-redis --test redis replicas:: -- --include-ignored
 //! ```
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 

@@ -7,11 +7,11 @@
 //! test fails. Only `redis-server`s of the tests' own are paused, killed or reconfigured.
 //!
 //! ```text
-//! cargo test -p runlimit-server --test operations_processes -- --include-ignored
+//! cargo test -p runlimit-server --test server operations_processes:: -- --include-ignored
 //! ```
 
-mod backends;
-mod support;
+use crate::backends;
+use crate::support;
 
 use std::{
     collections::BTreeSet,

@@ -1,6 +1,6 @@
 //! The health endpoints: gRPC `grpc.health.v1.Health` and HTTP `GET /healthcheck`.
 
-mod support;
+use crate::support;
 
 use runlimit_server::ServiceOptions;
 use support::{TestServer, memory};

@@ -2,7 +2,7 @@
 //! durations on the manual clock, replaying Runlimit's GCRA reference vectors V1 (10 per
 //! second, burst 20) and V2 (3 per second, burst 2: an emission interval of 333⅓ ms).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

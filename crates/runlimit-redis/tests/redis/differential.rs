@@ -38,11 +38,10 @@
 //!
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
-//!     cargo test -p runlimit-redis --test differential -- --include-ignored
+//!     cargo test -p runlimit-redis --test redis differential:: -- --include-ignored
 //! ```
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     fmt::Debug,
@@ -719,7 +718,7 @@ fn differential<P: Rule, S: Strategy<Value = P::Params>>(name: &'static str, par
         cases: CASES,
         max_shrink_iters: 1_024,
         max_shrink_time: 120_000,
-        // A failure's seed goes to tests/differential.proptest-regressions.
+        // A failure's seed goes to tests/redis/differential.proptest-regressions.
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
         source_file: Some(file!()),
         test_name: Some(name),

@@ -8,8 +8,7 @@
 //! limiters that first contacted different nodes, and a redirection answered by a node that
 //! does not own the slot (not consumed, not followed, the slot map read again).
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     net::TcpListener,

@@ -9,11 +9,11 @@
 //!
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
-//!     cargo test -p runlimit-server --test operations -- --include-ignored
+//!     cargo test -p runlimit-server --test server operations:: -- --include-ignored
 //! ```
 
-mod backends;
-mod support;
+use crate::backends;
+use crate::support;
 
 use std::{
     path::{Path, PathBuf},

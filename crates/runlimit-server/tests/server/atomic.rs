@@ -1,7 +1,7 @@
 //! The guarantee envoyproxy/ratelimit lacks (envoyproxy/ratelimit#1060, "counter pollution"): a request
 //! over one limit charges no other.
 
-mod support;
+use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use runlimit_server::ServiceOptions;

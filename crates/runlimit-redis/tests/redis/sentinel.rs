@@ -2,8 +2,7 @@
 //! two failovers under load (`SENTINEL FAILOVER`, then a killed primary). Admissions resume on
 //! each new primary, every error is classified, and the counter keeps its window.
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     process::{Child, Command, Stdio},

@@ -2,8 +2,7 @@
 //! shared by many limiters, Unix sockets, TLS (a private CA, host names, client certificates),
 //! ACL users with only what a limiter needs, and the eviction watch.
 
-#[path = "redis/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     path::{Path, PathBuf},

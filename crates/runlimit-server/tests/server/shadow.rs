@@ -2,7 +2,7 @@
 //! when over) and the server's global shadow mode (over-limit descriptors read `OVER_LIMIT`,
 //! the overall code is `OK`). In both, a would-be-denied batch consumes nothing.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
