@@ -13,11 +13,13 @@
 mod clock;
 mod support;
 
+mod attempts;
 mod capacity;
 mod clock_tests;
 mod control;
 mod differential;
 mod faults;
+mod gcra;
 mod migrations;
 mod observer;
 mod promises;

@@ -6,7 +6,7 @@
 //! tests themselves (a failing test keeps it
 //! for inspection; the next run drops the leftover first).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,11 +5,10 @@
 //!
 //! ```text
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo test -p runlimit-postgres --all-features --test gcra -- --include-ignored
+//!     cargo test -p runlimit-postgres --all-features --test postgres gcra:: -- --include-ignored
 //! ```
 
-#[path = "postgres/support.rs"]
-mod support;
+use crate::support;
 
 use std::{
     collections::HashMap,
@@ -330,8 +329,8 @@ async fn cleanup_discovery_uses_index_scans_only() {
     let db = TestDatabase::create("gcra_explain").await;
     let _limiter = limiter(&db, 1).await;
     let mut admin = db.connection().await;
-    let discover = include_str!("../src/sql/gcra_discover.sql").trim_end().trim_end_matches(';');
-    let settings = include_str!("../src/sql/gcra_cleanup_settings.sql").replace("{timeout_ms}", "5000");
+    let discover = include_str!("../../src/sql/gcra_discover.sql").trim_end().trim_end_matches(';');
+    let settings = include_str!("../../src/sql/gcra_cleanup_settings.sql").replace("{timeout_ms}", "5000");
     for populated in [false, true] {
         if populated {
             sqlx::raw_sql(

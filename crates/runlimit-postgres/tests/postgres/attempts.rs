@@ -8,11 +8,10 @@
 //!
 //! ```text
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo test -p runlimit-postgres --all-features --test attempts -- --include-ignored
+//!     cargo test -p runlimit-postgres --all-features --test postgres attempts:: -- --include-ignored
 //! ```
 
-#[path = "postgres/support.rs"]
-mod support;
+use crate::support;
 
 use std::{sync::Arc, time::Duration};
 

@@ -1,7 +1,7 @@
 //! End to end, memory mode: the built `runlimit-demo` binary on 127.0.0.1:0, real HTTP/1.1
 //! requests over loopback, exact header strings and problem bodies.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

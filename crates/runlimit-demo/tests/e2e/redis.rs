@@ -11,10 +11,10 @@
 //! ```text
 //! RUNLIMIT_REDIS_TEST_URL=redis://127.0.0.1:6379 \
 //! RUNLIMIT_POSTGRES_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo test -p runlimit-demo --test redis_e2e -- --include-ignored
+//!     cargo test -p runlimit-demo --test e2e redis:: -- --include-ignored
 //! ```
 
-mod support;
+use crate::support;
 
 use std::{
     collections::BTreeMap,
