@@ -2,7 +2,7 @@
 # Builds and runs a consumer that depends on Runlimit the way the README's Installation section
 # says: by Git URL, pinned to a full commit revision, every Runlimit crate on the same URL and
 # revision, with the [dependencies] lines scripts/dependency-lines.sh prints. Run by
-# scripts/test.
+# scripts/test-packaging.
 #
 # URL: file://<this checkout>; revision: HEAD, the commit under test (uncommitted changes are not
 # part of it, as they would not be for a consumer). The program is the external consumer's
