@@ -51,7 +51,7 @@ pub enum PolicyNameError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PolicyName(Box<str>);
+pub struct PolicyName(std::sync::Arc<str>);
 
 impl PolicyName {
     /// The longest name accepted, in bytes: 1,024, the longest String every RFC 9651 parser

@@ -125,9 +125,9 @@ impl QuotaPolicy {
 /// Infallible: the item was validated by [`QuotaPolicy::from_policy`].
 #[must_use]
 pub fn quota_policy(item: &QuotaPolicy) -> HeaderValue {
-    let mut out = String::new();
+    let mut out = String::with_capacity(64);
     item.write(&mut out);
-    sf::header_value(&out)
+    sf::header_value(out)
 }
 
 /// The `RateLimit-Policy` value for several items, in order, joined by `", "`

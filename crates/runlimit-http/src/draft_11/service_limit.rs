@@ -237,9 +237,9 @@ pub fn service_limit(
     state: impl Into<QuotaState>,
 ) -> Result<HeaderValue, ServiceLimitError> {
     let (available, window_seconds) = validate(state.into())?;
-    let mut out = String::new();
+    let mut out = String::with_capacity(64);
     write(&mut out, name, available, window_seconds);
-    Ok(sf::header_value(&out))
+    Ok(sf::header_value(out))
 }
 
 /// The `RateLimit` value for several items, in order, joined by `", "` (RFC 9651 §4.1.1).
