@@ -48,13 +48,12 @@ mod tests {
     }
 
     #[test]
-    fn constant_is_the_migrator_source() {
-        let migrations: Vec<_> = ATTEMPTS_MIGRATOR.iter().collect();
-        assert_eq!(migrations.len(), 1);
-        assert_eq!(migrations[0].version, ATTEMPTS_MIGRATION_VERSIONS[0]);
-        assert_eq!(migrations[0].description, "create runlimit attempts");
-        assert_eq!(migrations[0].sql.as_str(), CREATE_RUNLIMIT_ATTEMPTS_SQL);
+    fn the_shared_history_copy_tolerates_other_versions() {
+        // The migrator itself is compared with its directory above (which also shows the SQL
+        // constants are the files' text); the copy for a shared history keeps every migration.
         assert!(!ATTEMPTS_MIGRATOR.ignore_missing);
-        assert!(crate::migrations::shared_history(&ATTEMPTS_MIGRATOR).ignore_missing);
+        let shared = crate::migrations::shared_history(&ATTEMPTS_MIGRATOR);
+        assert!(shared.ignore_missing);
+        assert_eq!(shared.iter().count(), 1);
     }
 }

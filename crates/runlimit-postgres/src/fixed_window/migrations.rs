@@ -90,35 +90,12 @@ mod tests {
     }
 
     #[test]
-    fn constants_are_the_migrator_sources() {
-        let migrations: Vec<_> = MIGRATOR.iter().collect();
-        assert_eq!(migrations.len(), 4);
-        let expected = [
-            (MIGRATION_VERSIONS[0], "create runlimit fixed windows", CREATE_RUNLIMIT_FIXED_WINDOWS_SQL),
-            (
-                MIGRATION_VERSIONS[1],
-                "set runlimit fixed windows fillfactor",
-                SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
-            ),
-            (
-                MIGRATION_VERSIONS[2],
-                "bound runlimit fixed window cardinality",
-                BOUND_RUNLIMIT_FIXED_WINDOW_CARDINALITY_SQL,
-            ),
-            (
-                MIGRATION_VERSIONS[3],
-                "add runlimit fixed window admission functions",
-                ADD_RUNLIMIT_FIXED_WINDOW_ADMISSION_FUNCTIONS_SQL,
-            ),
-        ];
-        for (migration, (version, description, sql)) in migrations.into_iter().zip(expected) {
-            assert_eq!(migration.version, version);
-            assert_eq!(migration.description, description);
-            assert_eq!(migration.sql.as_str(), sql);
-            assert!(!migration.no_tx);
-        }
+    fn the_shared_history_copy_tolerates_other_versions() {
+        // The migrator itself is compared with its directory above (which also shows the SQL
+        // constants are the files' text); the copy for a shared history keeps every migration.
         assert!(!MIGRATOR.ignore_missing);
-        assert!(crate::migrations::shared_history(&MIGRATOR).ignore_missing);
-        assert_eq!(crate::migrations::shared_history(&MIGRATOR).iter().count(), 4);
+        let shared = crate::migrations::shared_history(&MIGRATOR);
+        assert!(shared.ignore_missing);
+        assert_eq!(shared.iter().count(), 4);
     }
 }

@@ -58,24 +58,12 @@ mod tests {
     }
 
     #[test]
-    fn constants_are_the_migrator_sources() {
-        let migrations: Vec<_> = GCRA_MIGRATOR.iter().collect();
-        let expected = [
-            (GCRA_MIGRATION_VERSIONS[0], "create runlimit gcra", CREATE_RUNLIMIT_GCRA_SQL),
-            (
-                GCRA_MIGRATION_VERSIONS[1],
-                "index runlimit gcra shard expiry",
-                INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
-            ),
-        ];
-        assert_eq!(migrations.len(), expected.len());
-        for (migration, (version, description, sql)) in migrations.into_iter().zip(expected) {
-            assert_eq!(migration.version, version);
-            assert_eq!(migration.description, description);
-            assert_eq!(migration.sql.as_str(), sql);
-            assert!(!migration.no_tx);
-        }
+    fn the_shared_history_copy_tolerates_other_versions() {
+        // The migrator itself is compared with its directory above (which also shows the SQL
+        // constants are the files' text); the copy for a shared history keeps every migration.
         assert!(!GCRA_MIGRATOR.ignore_missing);
-        assert!(crate::migrations::shared_history(&GCRA_MIGRATOR).ignore_missing);
+        let shared = crate::migrations::shared_history(&GCRA_MIGRATOR);
+        assert!(shared.ignore_missing);
+        assert_eq!(shared.iter().count(), 2);
     }
 }
