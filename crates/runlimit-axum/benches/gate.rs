@@ -11,15 +11,11 @@
 //! with that hint when it is missing).
 //!
 //! The server is axum on a Tokio runtime of its own (as many workers as cores), listening on
-//! a loopback port, with two routes answering the same 5-byte body:
-//!
-//! - `GET /ungated`: the handler alone;
-//! - `GET /gated`: the handler behind `AdmissionFieldsLayer` and a `RateLimitLayer` over a
-//!   `runlimit_memory::GcraStore` (10,000 keys), keyed by the `x-api-key` header with
-//!   `HeaderKey`, mapped by `ProblemRejections`: the crate's ten-line gate, GCRA. The policy
-//!   admits everything (a quota of 1,000,000,000 per hour, a burst as large), so every
-//!   response is `200` with `RateLimit-Policy` and `RateLimit` fields; the bench checks one
-//!   response of each route before measuring.
+//! a loopback port, serving the router of `benches/common/mod.rs`: `/ungated`, `/fields` (the
+//! gated response's two fields written by the handler) and `/gated` (the crate's ten-line gate:
+//! GCRA, `HeaderKey`, `ProblemRejections`, `AdmissionFieldsLayer`), all answering the same 5-byte
+//! body; every response is `200`, and the bench checks one response of each route before
+//! measuring.
 //!
 //! wrk sends the same request head to both (`x-api-key: bench-client`), with
 //! `RUNLIMIT_BENCH_CONNECTIONS` connections (default 16) on one thread, for
@@ -34,19 +30,9 @@
 use std::{
     net::SocketAddr,
     process::{Command, ExitCode},
-    sync::Arc,
-    time::Duration,
 };
 
-use axum::{Router, routing::get};
-use http::header::HeaderName;
-
-/// The draft-11 field names, as the handler of `/fields` writes them.
-const RATELIMIT_POLICY: &str = "ratelimit-policy";
-const RATELIMIT: &str = "ratelimit";
-use runlimit_axum::{AdmissionFieldsLayer, HeaderKey, ProblemRejections, RateLimitLayer};
-use runlimit_core::{GcraPolicy, KeyHasher, PolicyId, ScopeId};
-use runlimit_memory::{GcraStore, MemoryStoreConfig};
+mod common;
 
 /// The target: gated throughput at least this fraction of ungated.
 const TARGET: f64 = 0.95;
@@ -56,30 +42,6 @@ fn env_u64(name: &str, default: u64) -> Result<u64, String> {
         Ok(value) => value.parse().map_err(|_| format!("{name}={value} is not a whole number")),
         Err(_) => Ok(default),
     }
-}
-
-fn app() -> Result<Router, Box<dyn std::error::Error>> {
-    let store = Arc::new(GcraStore::new(MemoryStoreConfig::new(10_000)?));
-    let policy = GcraPolicy::new(
-        PolicyId::new("items")?,
-        ScopeId::new("api-key")?,
-        1_000_000_000,
-        Duration::from_secs(3_600),
-        1_000_000_000,
-    )?;
-    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(&[7; 32])?);
-    let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
-    // The fields a gated response carries while the bench runs (`r` counts down, with as many
-    // digits), written by the handler: the same response bytes without a gate.
-    let fields =
-        [(RATELIMIT_POLICY, r#""items";q=1000000000;w=3600"#), (RATELIMIT, r#""items";r=999999999;t=1"#)];
-    Ok(Router::new()
-        .route("/ungated", get(|| async { "items" }))
-        .route("/fields", get(move || async move { (fields, "items") }))
-        .route(
-            "/gated",
-            get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate),
-        ))
 }
 
 /// One wrk run against `url`; its requests per second.
@@ -141,7 +103,7 @@ fn run() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
-    let app = app().map_err(|error| error.to_string())?;
+    let app = common::router().map_err(|error| error.to_string())?;
     let address = runtime.block_on(async {
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|error| error.to_string())?;
