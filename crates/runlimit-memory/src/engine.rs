@@ -32,7 +32,7 @@ use crate::{
     algorithm::sealed::Algorithm,
     config::MemoryStoreConfig,
     error::{CheckFailure, Failure, PoisonedShardError},
-    key::StoredKey,
+    key::{KeyOf, StoredKey},
     shard::{Budget, Entry, Shard},
     stats::{MemoryStoreStats, ShardStats},
 };
@@ -256,9 +256,9 @@ impl Engine {
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<Decision>, CheckFailure<A::Error>> {
-        let key = StoredKey::of(check);
-        let hash = key.hash();
-        let shard_index = key.shard(self.shards.len());
+        let of = KeyOf::of(check);
+        let (key, hash) = (of.key, of.key.hash());
+        let shard_index = of.shard(self.shards.len());
         let mut shard = lock(&self.shards, shard_index).map_err(CheckFailure::Poisoned)?;
         let now = clock_now.max(shard.watermark());
         shard.advance_watermark(now);
@@ -303,8 +303,9 @@ impl Engine {
         check: &Check<'_, A>,
         clock_now: u64,
     ) -> Result<QuotaSnapshot, CheckFailure<A::Error>> {
-        let key = StoredKey::of(check);
-        let shard = lock(&self.shards, key.shard(self.shards.len())).map_err(CheckFailure::Poisoned)?;
+        let of = KeyOf::of(check);
+        let key = of.key;
+        let shard = lock(&self.shards, of.shard(self.shards.len())).map_err(CheckFailure::Poisoned)?;
         let now = clock_now.max(shard.watermark());
         let live = shard
             .find(&key, key.hash())
@@ -320,9 +321,9 @@ impl Engine {
         check: &Check<'_, A>,
         clock_now: u64,
     ) -> Result<bool, PoisonedShardError> {
-        let key = StoredKey::of(check);
-        let hash = key.hash();
-        let mut shard = lock(&self.shards, key.shard(self.shards.len()))?;
+        let of = KeyOf::of(check);
+        let (key, hash) = (of.key, of.key.hash());
+        let mut shard = lock(&self.shards, of.shard(self.shards.len()))?;
         let now = clock_now.max(shard.watermark());
         shard.advance_watermark(now);
         let Some(slot) = shard.find(&key, hash) else { return Ok(false) };
@@ -382,8 +383,9 @@ impl Engine {
         let mut keys = [StoredKey::ZERO; N];
         let mut shards = [0; N];
         for index in 0..N {
-            keys[index] = StoredKey::of(&checks[index]);
-            shards[index] = keys[index].shard(shard_count);
+            let of = KeyOf::of(&checks[index]);
+            keys[index] = of.key;
+            shards[index] = of.shard(shard_count);
         }
         let Some((first, second)) = two_shards(&shards) else {
             return self.check_all_across_shards::<A>(checks, mode, clock_now, timed);
@@ -532,8 +534,8 @@ impl Engine {
         let mut planned: SmallVec<[Planned; INLINE]> = SmallVec::new();
         let mut spans: SmallVec<[(usize, usize); INLINE]> = SmallVec::new();
         for check in checks {
-            let key = StoredKey::of(check);
-            let shard = key.shard(shard_count);
+            let of = KeyOf::of(check);
+            let (key, shard) = (of.key, of.shard(shard_count));
             match spans.binary_search_by_key(&shard, |&(index, _)| index) {
                 Ok(position) => spans[position].1 += 1,
                 Err(position) => spans.insert(position, (shard, 1)),

@@ -67,7 +67,7 @@
 //! - A batch with more distinct keys in one shard than that shard can ever hold is rejected
 //!   with [`MemoryBatchError::BatchExceedsShardCapacity`] before any lock is taken: waiting
 //!   cannot make it fit.
-//! - Memory grows with the keys actually stored (about 78 bytes per key, see *Performance*)
+//! - Memory grows with the keys actually stored (about 61 bytes per key, see *Performance*)
 //!   and never beyond what `max_keys` entries need.
 //!
 //! # Cleanup
@@ -128,10 +128,11 @@
 //!
 //! # Key storage and hashing
 //!
-//! A shard stores the first 16 bytes of the policy fingerprint and the first 16 bytes of the
-//! subject key, both uniform digest outputs: two counter keys share an entry only if both
-//! 128-bit prefixes collide, with probability at most `n² / 2¹²⁹` among `n` stored keys, and
-//! a collision would only make two subjects share (and so tighten) one counter. Its hash table
+//! A shard stores one 16-byte value per key: the first 16 bytes of the subject key XORed with
+//! the first 16 bytes of the policy fingerprint, both uniform digest outputs. Two counter keys
+//! share an entry only if those values collide, with probability at most `(n² + p²) / 2¹²⁹`
+//! among `n` stored keys of `p` policies, and a collision would only make two subjects share
+//! (and so tighten) one counter. Its hash table
 //! uses subject-key bytes directly as the hash instead of SipHash: subject keys are
 //! HMAC-SHA-256 outputs under the application's secret, uniform and unpredictable without it,
 //! so an attacker cannot aim keys at one bucket or one shard.
@@ -142,9 +143,10 @@
 //! workloads (one thread on 10,000 hot keys, two threads on the same keys, a flood of
 //! 1,000,000 distinct keys, a two-check batch) and prints nanoseconds per check, the ratios to
 //! governor, and the resident memory per key with 1,000,000 live keys, each measured in a
-//! fresh process. Resident memory is about 78 bytes per key with 64 shards (75 with one
-//! shard): a 48-byte slot, a 4-byte table index with its control byte at a load factor near
-//! one half, and a 16-byte expiry-index element.
+//! fresh process. Resident memory is about 61 bytes per key with 64 shards (59 with one
+//! shard): a 32-byte slot, a 4-byte table index with its control byte at a load factor near
+//! one half, and a 16-byte expiry-index element. (The slot held 48 bytes, both 16-byte
+//! prefixes side by side, until 2026-12-04: 78 and 75 bytes per key.)
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]

@@ -12,7 +12,7 @@ use runlimit_core::{
 use crate::{
     GcraCheckError, GcraStore, ManualClock, MemoryBatchError, MemoryStore, MemoryStoreConfig,
     PoisonedShardError,
-    key::StoredKey,
+    key::{KeyOf, StoredKey},
     shard::{Budget, Entry, Shard},
 };
 
@@ -30,7 +30,7 @@ fn subject_in_shard<'p, P: RateLimitPolicy>(
 ) -> PolicySubject<'p, P> {
     (0u32..)
         .map(|n| hasher.hash_for(policy, &n.to_be_bytes()))
-        .filter(|subject| StoredKey::of(&Check::new(*subject)).shard(shard_count) == shard)
+        .filter(|subject| KeyOf::of(&Check::new(*subject)).shard(shard_count) == shard)
         .nth(skip)
         .unwrap()
 }
@@ -127,7 +127,7 @@ fn key(n: u64) -> StoredKey {
         Duration::from_secs(1),
     )
     .unwrap();
-    StoredKey::of(&Check::new(hasher().hash_for(&policy, &n.to_be_bytes())))
+    KeyOf::of(&Check::new(hasher().hash_for(&policy, &n.to_be_bytes()))).key
 }
 
 fn insert(shard: &mut Shard, n: u64, expires_at: u64) -> StoredKey {
