@@ -343,14 +343,30 @@ impl Engine {
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let mode = batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        // The duplicate-key rule is left to each path: `check_small` compares the stored keys it
+        // derives anyway (see `batch::validate_shape`).
+        let mode =
+            batch::validate_shape(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
         match checks.len() {
             1 => self.check_small::<A, 1>(checks, mode, clock_now, timed),
             2 => self.check_small::<A, 2>(checks, mode, clock_now, timed),
             3 => self.check_small::<A, 3>(checks, mode, clock_now, timed),
             4 => self.check_small::<A, 4>(checks, mode, clock_now, timed),
-            _ => self.check_all_across_shards::<A>(checks, mode, clock_now, timed),
+            _ => self.check_validated_across_shards::<A>(checks, mode, clock_now, timed),
         }
+    }
+
+    /// [`check_all_across_shards`](Self::check_all_across_shards) after the duplicate-key rule
+    /// of [`batch::validate`] (the other rules passed [`batch::validate_shape`]).
+    fn check_validated_across_shards<A: Algorithm>(
+        &self,
+        checks: &[Check<'_, A>],
+        mode: QuotaMode,
+        clock_now: u64,
+        timed: bool,
+    ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
+        batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
     }
 
     /// A batch of `N` checks (1 to [`INLINE`]) whose keys live on one or two shards: the
@@ -374,7 +390,7 @@ impl Engine {
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
         let Ok(checks) = <&[Check<'_, A>; N]>::try_from(checks) else {
-            return self.check_all_across_shards::<A>(checks, mode, clock_now, timed);
+            return self.check_validated_across_shards::<A>(checks, mode, clock_now, timed);
         };
         let batch_size = N;
         let shard_count = self.shards.len();
@@ -386,6 +402,11 @@ impl Engine {
             let of = KeyOf::of(&checks[index]);
             keys[index] = of.key;
             shards[index] = of.shard(shard_count);
+        }
+        // Equal counter keys give equal stored keys: pairwise distinct stored keys settle the
+        // duplicate-key rule; otherwise the full rule decides.
+        if (1..N).any(|later| keys[..later].contains(&keys[later])) {
+            batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
         }
         let Some((first, second)) = two_shards(&shards) else {
             return self.check_all_across_shards::<A>(checks, mode, clock_now, timed);
@@ -649,8 +670,9 @@ impl Engine {
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let mode = batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
-        self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
+        let mode =
+            batch::validate_shape(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        self.check_validated_across_shards::<A>(checks, mode, clock_now, timed)
     }
 
     /// Empties every poisoned shard and clears its poison; returns how many were recovered.

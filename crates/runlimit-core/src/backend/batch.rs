@@ -66,6 +66,32 @@ pub fn validate<P: RateLimitPolicy>(
     checks: &[Check<'_, P>],
     maximum_batch_size: usize,
 ) -> Result<QuotaMode, BatchError> {
+    let mode = validate_shape(checks, maximum_batch_size)?;
+    if let Some((first_index, duplicate_index)) = find_duplicate(checks) {
+        return Err(BatchError::DuplicateCounterKey { first_index, duplicate_index });
+    }
+    Ok(mode)
+}
+
+/// Every rule of [`validate`] but the last: [`BatchError::EmptyBatch`], then
+/// [`BatchError::TooManyChecks`], then [`BatchError::MixedQuotaModes`]; returns the batch's
+/// common quota mode.
+///
+/// For a backend that derives a storage key per check anyway, where equal counter keys always
+/// give equal storage keys: when its storage keys are pairwise distinct, so are the counter
+/// keys, and this answers exactly as [`validate`] would; when two storage keys are equal it must
+/// call [`validate`], which finds the duplicate (or none, if distinct counter keys share a
+/// storage key). The memory stores do this: comparing their 16-byte keys costs less than
+/// comparing 64-byte counter keys.
+///
+/// # Errors
+///
+/// The first rule violated, as listed above.
+#[inline]
+pub fn validate_shape<P: RateLimitPolicy>(
+    checks: &[Check<'_, P>],
+    maximum_batch_size: usize,
+) -> Result<QuotaMode, BatchError> {
     let Some(first) = checks.first() else {
         return Err(BatchError::EmptyBatch);
     };
@@ -75,9 +101,6 @@ pub fn validate<P: RateLimitPolicy>(
     let mode = first.policy().quota_mode();
     if let Some((index, check)) = checks.iter().enumerate().find(|(_, c)| c.policy().quota_mode() != mode) {
         return Err(BatchError::MixedQuotaModes { index, mode: check.policy().quota_mode() });
-    }
-    if let Some((first_index, duplicate_index)) = find_duplicate(checks) {
-        return Err(BatchError::DuplicateCounterKey { first_index, duplicate_index });
     }
     Ok(mode)
 }

@@ -1,14 +1,15 @@
 //! `validate_batch`: exact errors in their documented order (empty, too many, mixed quota
 //! modes with the index, duplicate counter keys with the earliest pair), on both the small
 //! (≤ 16, pairwise) and the large (> 16, sorted) duplicate-search paths, and a property test
-//! of both paths against a brute-force model.
+//! of both paths against a brute-force model (and `validate_shape`, every rule but the
+//! duplicate-key one, against the same model).
 
 use std::time::Duration;
 
 use proptest::{prelude::*, test_runner::FileFailurePersistence};
 use runlimit_core::{
     BatchError, Check, FixedWindowPolicy, PolicyId, QuotaMode, RateLimitPolicy, ScopeId, SubjectKey,
-    backend::batch::validate as validate_batch,
+    backend::batch::{validate as validate_batch, validate_shape},
 };
 
 /// Policy families: the same family in both modes shares one fingerprint.
@@ -222,6 +223,12 @@ proptest! {
         let pool = Pool::new();
         let checks = pool.checks(&spec);
         prop_assert_eq!(validate_batch(&checks, maximum), model(&spec, maximum));
+        // `validate_shape` is every rule but the duplicate-key one.
+        let shape = match model(&spec, maximum) {
+            Err(BatchError::DuplicateCounterKey { .. }) => Ok(checks[0].policy().quota_mode()),
+            other => other,
+        };
+        prop_assert_eq!(validate_shape(&checks, maximum), shape);
         // The model's keys are the real storage keys.
         for (check, &(family, _, subject)) in checks.iter().zip(&spec) {
             prop_assert_eq!(check.policy().fingerprint(), pool.policies[family][0].fingerprint());
