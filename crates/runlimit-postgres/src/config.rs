@@ -99,6 +99,10 @@ pub(crate) enum Protocol {
     Prepared,
     /// The simple-query statements of earlier releases, rendered and planned per admission.
     Statements,
+    /// [`Prepared`](Self::Prepared) as the previous release ran it: one-check GCRA admissions
+    /// through the statements of a batch of one (settings, ledger lock, read; write), without
+    /// the provisional update.
+    PreviousPrepared,
 }
 
 impl Default for PostgresConfig {
@@ -190,6 +194,17 @@ impl PostgresConfig {
     #[must_use]
     pub fn with_previous_admission_protocol(mut self) -> Self {
         self.protocol = Protocol::Statements;
+        self
+    }
+
+    /// Sends one-check GCRA admissions as the previous release does (through the statements
+    /// of a batch of one), for testing that replicas of both releases interoperate on one
+    /// database. Not part of the supported API: it may change or go away in any release, and it
+    /// is not serialized.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_previous_prepared_protocol(mut self) -> Self {
+        self.protocol = Protocol::PreviousPrepared;
         self
     }
 

@@ -232,20 +232,29 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// PostgreSQL is the authority: each admission samples `pg_catalog.clock_timestamp()` after
 /// its locks and truncates it to whole milliseconds since the Unix epoch
 /// (`floor(extract(epoch from ..) * 1000)`, exact since PostgreSQL 14 returns `numeric`). Each
-/// of the 256 capacity shards keeps a committed time watermark, the latest time an allowed
-/// admission or a cleanup of that shard used; an operation evaluates at the later of its clock
+/// of the 256 capacity shards keeps a committed time watermark, the latest time a cleanup, an
+/// insert or a batch of that shard used; an operation evaluates at the later of its clock
 /// sample and the watermarks of the shards it locked, so a backwards clock step never
-/// replenishes quota early or makes a row expire sooner. Delays are measured at
+/// replenishes quota early or makes a row expire sooner. (A one-check admission of a stored
+/// key does not advance it: its own `max(tat, now)` never replenishes early at an earlier
+/// reading, and only deleted rows need the watermark.) Delays are measured at
 /// the clock sample and may conservatively include later commit and transport latency.
 ///
-/// # Protocol (GCRA v1)
+/// # Protocol (GCRA v1 batches, v2 one-check admissions)
 ///
-/// One `READ COMMITTED` transaction of two round trips whatever the batch size: begin, the
+/// One `READ COMMITTED` transaction of two round trips whatever the batch size. A batch: begin, the
 /// transaction-local settings, lock the ledger rows of every shard the batch touches in
 /// ascending shard order (`FOR UPDATE`, before any counter is read or written, including for
 /// keys without a row), read the stored arrival times and sample the clock, decide in Rust,
 /// then — only when allowed — advance the watermarks, update or insert every member, and commit
-/// in input order together. A denial rolls back a transaction that wrote nothing. Locking the
+/// in input order together. A denial rolls back a transaction that wrote nothing. A one-check
+/// admission takes the same ledger row lock (the settings in the same statement), then updates
+/// a stored key's row *provisionally* to `max(tat, now × Q) + cost × P` in the statement that
+/// samples the clock; Rust decides with the same evaluator, checks the row written is the
+/// arrival time it allows, and commits, or rolls the update back on a denial. A new key is
+/// inserted before `COMMIT` as in a batch. Replicas of the previous release (which read, then
+/// write, under the same ledger row lock) and of this one exclude each other shard by shard,
+/// so they can share the tables during a rolling deploy. Locking the
 /// shard rather than the key deliberately serializes keys of the same shard. The shard of a key
 /// (byte 32 of the counter key) and the locking order are persistent protocol and cannot change
 /// in place during a rolling deploy. [`CheckPhase`] names the phases: `Begin` (begin and

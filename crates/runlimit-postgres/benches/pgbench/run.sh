@@ -17,10 +17,15 @@
 #                             first prepares the statements, from the crate's own
 #                             src/sql/fixed_window_prepare_*.sql, once
 #   gcra_check.sql            what PostgresGcraLimiter::check sends for a stored key, allowed:
-#                             BEGIN, EXECUTE of the prepared settings, ledger lock and read,
-#                             then EXECUTE of the prepared write and COMMIT (the arrival time
-#                             written is the clock, not a GCRA decision: the server does the
-#                             same work); prepared once per client like runlimit_check.sql
+#                             BEGIN, EXECUTE of the prepared ledger lock (with the settings)
+#                             and of the prepared preflight (the provisional update of the
+#                             arrival time), then COMMIT; prepared once per client like
+#                             runlimit_check.sql
+#   gcra_check_batch_statements.sql  the same check through the statements GCRA batches send
+#                             (and one-check admissions sent in earlier releases): BEGIN,
+#                             EXECUTE of the prepared settings, ledger lock and read, then
+#                             EXECUTE of the prepared write and COMMIT (the arrival time written
+#                             is the clock, not a GCRA decision: the server does the same work)
 #   previous_check.sql        what PostgresLimiter::check sent in earlier releases
 #   simplified_check.sql      the previous phases as plain single-table statements
 # Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
@@ -62,7 +67,8 @@ psql -d "$db" \
 sql="$here/../../src/sql"
 check_script="$(mktemp)"
 gcra_script="$(mktemp)"
-trap 'rm -f "$check_script" "$gcra_script"' EXIT
+gcra_batch_script="$(mktemp)"
+trap 'rm -f "$check_script" "$gcra_script" "$gcra_batch_script"' EXIT
 with_prepare() {
   local script="$1"; shift
   echo '\if :prepared = 0'
@@ -73,9 +79,12 @@ with_prepare() {
 }
 with_prepare "$here/runlimit_check.sql" "$sql/fixed_window_prepare_lock_one.sql" \
   "$sql/fixed_window_prepare_preflight_one.sql" > "$check_script"
-with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_lock_one.sql" \
-  "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" > "$gcra_script"
-scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_check previous_check simplified_check}"
+with_prepare "$here/gcra_check.sql" "$sql/gcra_prepare_lock_one_v2.sql" \
+  "$sql/gcra_prepare_preflight_one.sql" > "$gcra_script"
+with_prepare "$here/gcra_check_batch_statements.sql" "$sql/settings_prepare.sql" \
+  "$sql/gcra_prepare_lock_one.sql" "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" \
+  > "$gcra_batch_script"
+scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_check gcra_check_batch_statements previous_check simplified_check}"
 clients="${RUNLIMIT_PGBENCH_CLIENTS:-8}"
 seconds="${RUNLIMIT_PGBENCH_SECONDS:-4}"
 for round in 1 2 3; do
@@ -85,6 +94,7 @@ for round in 1 2 3; do
     file="$here/$script.sql"
     [ "$script" = runlimit_check ] && file="$check_script"
     [ "$script" = gcra_check ] && file="$gcra_script"
+    [ "$script" = gcra_check_batch_statements ] && file="$gcra_batch_script"
     out=$("$bin/pgbench" -n -c "$clients" -j 2 -T "$seconds" -M "$mode" -D prepared=0 -f "$file" "$db" 2>&1)
     after=$(server_ticks)
     tps=$(awk '/^tps/ {print int($3)}' <<< "$out")

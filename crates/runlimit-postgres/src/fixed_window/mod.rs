@@ -443,7 +443,9 @@ impl Algorithm for FixedWindowPolicy {
             .collect();
         let protocol = config.protocol();
         let evaluated = match protocol {
-            Protocol::Prepared => evaluate_calls(connection, deadline, config, &keys, &specs, mode).await,
+            Protocol::Prepared | Protocol::PreviousPrepared => {
+                evaluate_calls(connection, deadline, config, &keys, &specs, mode).await
+            }
             Protocol::Statements => evaluate(connection, deadline, config, &keys, &specs, mode).await,
         };
         let (plan, anchor_us) = match evaluated {
@@ -451,7 +453,9 @@ impl Algorithm for FixedWindowPolicy {
             Err(error) => return (Err(error), false),
         };
         let ending = plan.ending(|writes| match protocol {
-            Protocol::Prepared => render_call_writes(&keys, &specs, writes, anchor_us),
+            Protocol::Prepared | Protocol::PreviousPrepared => {
+                render_call_writes(&keys, &specs, writes, anchor_us)
+            }
             Protocol::Statements => render_writes(&keys, &specs, writes, anchor_us),
         });
         transaction::end(connection, deadline, config.operation_timeout(), ending).await

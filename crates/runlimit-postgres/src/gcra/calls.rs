@@ -18,9 +18,12 @@
 //!    insert the new rows in ascending key order) and `COMMIT`, or just `ROLLBACK` after a
 //!    denial.
 //!
-//! A one-check admission runs the same phases through statements of one shard and one key
-//! (`runlimit_gcra_lock_one_v1`, `_read_one_v1`, `_write_one_v1` or `_write_one_insert_v1`),
-//! whose scalar parameters make simpler plans than the arrays of a batch.
+//! A one-check admission runs its own protocol (`super::one`: the ledger lock with the
+//! settings, a provisional update; `COMMIT` alone for a stored key). The previous release ran
+//! it through statements of one shard and one key (`runlimit_gcra_lock_one_v1`,
+//! `_read_one_v1`, `_write_one_v1` or `_write_one_insert_v1`), which the hidden
+//! previous-protocol test mode still sends; `_write_one_insert_v1` also inserts a new key for
+//! `super::one`.
 //!
 //! PostgreSQL plans these statements once per connection; per admission it parses statement
 //! names and literal arguments. The statement protocol of earlier releases (`super::sql`)
@@ -81,6 +84,39 @@ pub(crate) static WRITE_ONE_INSERT: Prepared = Prepared {
     name: "runlimit_gcra_write_one_insert_v1",
     prepare: include_str!("../sql/gcra_prepare_write_one_insert.sql"),
 };
+
+/// The settings of [`SETTINGS`] (`$2`, milliseconds as text), then [`LOCK_ONE`] of one shard
+/// (`$1`), as one statement: the settings are filter conditions of the ledger row, evaluated
+/// before the row lock is taken, so `lock_timeout` bounds the wait for it (and
+/// `statement_timeout` every later statement of the transaction).
+pub(crate) static LOCK_ONE_V2: Prepared = Prepared {
+    name: "runlimit_gcra_lock_one_v2",
+    prepare: include_str!("../sql/gcra_prepare_lock_one_v2.sql"),
+};
+
+/// The provisional admission of one stored key (see [`super::one`]): the key `$1` of shard
+/// `$2`, an increment of `$3` whole milliseconds and `$4` (below `$5` = Q) units of `1/Q` ms.
+/// One row: `clock_ms`, `now_ms` (the clock
+/// clamped to the shard's watermark) and the arrival time written (`next_tat_ms`,
+/// `next_tat_remainder`; null when the key has no row).
+pub(crate) static PREFLIGHT_ONE: Prepared = Prepared {
+    name: "runlimit_gcra_preflight_one_v2",
+    prepare: include_str!("../sql/gcra_prepare_preflight_one.sql"),
+};
+
+/// `EXECUTE runlimit_gcra_lock_one_v2(..)` of `shard` with both timeouts `timeout_ms`.
+pub(crate) fn lock_one_v2(shard: i16, timeout_ms: u128) -> String {
+    format!("EXECUTE {}({shard}::smallint, '{timeout_ms}'::pg_catalog.text);\n", LOCK_ONE_V2.name)
+}
+
+/// `EXECUTE runlimit_gcra_preflight_one_v2(..)`: the arguments of [`PREFLIGHT_ONE`].
+pub(crate) fn preflight_one(key: &[u8; 64], shard: i16, increment: super::one::Increment) -> String {
+    let mut sql = format!("EXECUTE {}(", PREFLIGHT_ONE.name);
+    push_bytea(&mut sql, key);
+    let super::one::Increment { millis, remainder, quota } = increment;
+    sql.push_str(&format!(", {shard}::smallint, {millis}::bigint, {remainder}::bigint, {quota}::bigint);\n"));
+    sql
+}
 
 /// The statements the write round trip of a one-check admission (`batch` false) or of a batch
 /// may execute.
@@ -229,7 +265,21 @@ mod tests {
         );
         assert_eq!(writes(false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
         assert_eq!(writes(true), [&WRITE, &WRITE_INSERTS]);
+        assert_eq!(
+            lock_one_v2(7, 1_500),
+            "EXECUTE runlimit_gcra_lock_one_v2(7::smallint, '1500'::pg_catalog.text);\n"
+        );
+        let increment = crate::gcra::one::Increment { millis: 333, remainder: 1, quota: 3 };
+        assert_eq!(
+            preflight_one(&key, 171, increment),
+            format!(
+                "EXECUTE runlimit_gcra_preflight_one_v2({decoded}, 171::smallint, 333::bigint, 1::bigint, \
+                 3::bigint);\n"
+            )
+        );
         for statement in [
+            &LOCK_ONE_V2,
+            &PREFLIGHT_ONE,
             &SETTINGS,
             &LOCK,
             &READ,

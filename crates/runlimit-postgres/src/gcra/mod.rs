@@ -9,6 +9,7 @@
 
 mod calls;
 pub(crate) mod migrations;
+mod one;
 mod sql;
 
 use runlimit_core::{
@@ -312,8 +313,13 @@ impl Algorithm for GcraPolicy {
         shards.sort_unstable();
         shards.dedup();
         let protocol = config.protocol();
+        if let (Protocol::Prepared, [key], [spec]) = (protocol, keys.as_slice(), specs.as_slice())
+            && let Some(increment) = one::Increment::of(&spec.parameters, spec.cost)
+        {
+            return one::admit(connection, deadline, config, key, *spec, increment, mode).await;
+        }
         let evaluated = match protocol {
-            Protocol::Prepared => {
+            Protocol::Prepared | Protocol::PreviousPrepared => {
                 evaluate_calls(connection, deadline, config, &keys, &specs, &shards, mode).await
             }
             Protocol::Statements => {
@@ -325,7 +331,9 @@ impl Algorithm for GcraPolicy {
             Err(error) => return (Err(error), false),
         };
         let ending = plan.ending(|writes| match protocol {
-            Protocol::Prepared => (calls::write(&keys, writes, &shards, now_ms), 1),
+            Protocol::Prepared | Protocol::PreviousPrepared => {
+                (calls::write(&keys, writes, &shards, now_ms), 1)
+            }
             Protocol::Statements => (sql::write(&keys, writes, &shards, now_ms), 1),
         });
         transaction::end(connection, deadline, config.operation_timeout(), ending).await

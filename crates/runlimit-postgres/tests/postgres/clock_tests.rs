@@ -406,6 +406,7 @@ async fn limiters_decide_at_the_pinned_instant() {
     let limiter = PostgresGcraLimiter::new(proxied.clone());
     let policy_gcra = gcra(3, 1_000, 2);
     let key = Check::new(subject(3, 1).bind(&policy_gcra));
+    let inserted_at = clock.now_ms();
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (1, 334));
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 667));
     assert_eq!(retry(limiter.check(&key).await.unwrap().view()), 334);
@@ -420,12 +421,20 @@ async fn limiters_decide_at_the_pinned_instant() {
             .fetch_one(&direct)
             .await
             .unwrap();
-    assert_eq!(watermark, clock.now_ms(), "the committed watermark is the pinned instant");
+    // The insert committed the instant it used; the admissions of the stored key after it
+    // leave the watermark to cleanup (see `src/gcra/one.rs`).
+    assert_eq!(watermark, inserted_at, "the committed watermark is the insert's pinned instant");
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 0);
     clock.advance(665).await;
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 0, "rested only at +1,000 ms");
     clock.advance(1).await;
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 1);
+    let watermark: i64 =
+        sqlx::query_scalar("SELECT watermark_ms FROM public.runlimit_gcra_shards WHERE shard = 3")
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+    assert_eq!(watermark, clock.now_ms(), "the cleanup committed the pinned instant it deleted at");
 
     // Fixed window: 2 per 1,000 ms, anchored at the pinned instant.
     let limiter = PostgresLimiter::new(proxied.clone());

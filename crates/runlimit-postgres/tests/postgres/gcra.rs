@@ -240,6 +240,8 @@ async fn a_watermark_ahead_of_the_clock_stops_replenishment() {
         assert_eq!(retry_ms(&decision), Some(1_000), "{decision:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // A denial rolls its provisional update back: the row is as the second admission left it.
+    assert_eq!(stored_row(&mut admin, &check).await, Some((watermark + 2_000, 0, watermark + 2_000)));
     // 1.5 s of clock time passed, still before the watermark: nothing replenished.
     assert!(db_now(&mut admin).await < watermark);
     assert_eq!(retry_ms(&limiter.check(&check).await.unwrap()), Some(1_000));
@@ -248,11 +250,14 @@ async fn a_watermark_ahead_of_the_clock_stops_replenishment() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(limiter.check(&check).await.unwrap().permits_request());
-    let advanced: i64 =
-        sqlx::query_scalar("SELECT watermark_ms FROM public.runlimit_gcra_shards WHERE shard = 42")
-            .fetch_one(&mut admin)
-            .await
-            .unwrap();
+    let shard_42 = "SELECT watermark_ms FROM public.runlimit_gcra_shards WHERE shard = 42";
+    // An admission of a stored key leaves the watermark to cleanup and inserts (its own
+    // `max(tat, now)` never replenishes early at an earlier reading).
+    let unmoved: i64 = sqlx::query_scalar(shard_42).fetch_one(&mut admin).await.unwrap();
+    assert_eq!(unmoved, watermark, "an update does not move it");
+    // A new key's insert commits the clock it used.
+    assert!(limiter.check(&Check::new(subject(42, 2).bind(&policy))).await.unwrap().permits_request());
+    let advanced: i64 = sqlx::query_scalar(shard_42).fetch_one(&mut admin).await.unwrap();
     assert!(advanced >= watermark + 1_000, "watermark advanced to the clock: {advanced}");
     db.finish().await;
 }

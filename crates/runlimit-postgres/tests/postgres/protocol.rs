@@ -5,9 +5,10 @@
 //! PL/pgSQL admission functions for new keys and ended windows. A [`CountingProxy`] in front of
 //! the server frames the frontend stream and records every `Query` message's SQL text and every
 //! extended-protocol message, so the round trips and statements of one admission can be pinned
-//! exactly. The second pair of tests runs limiters of the previous statement protocol
-//! (`PostgresConfig::with_previous_admission_protocol`) and of the current one concurrently on
-//! the same keys, as replicas of two releases do during a rolling deploy.
+//! exactly. The second pair of tests runs limiters of the previous statement protocols
+//! (`PostgresConfig::with_previous_admission_protocol`, and for GCRA
+//! `with_previous_prepared_protocol`) and of the current one concurrently on the same keys, as
+//! replicas of two releases do during a rolling deploy.
 
 use std::{
     collections::HashMap,
@@ -372,10 +373,10 @@ const SETTINGS: &str = "EXECUTE runlimit_settings_v1(";
 const GCRA_LOCK: &str = "EXECUTE runlimit_gcra_lock_";
 const GCRA_READ: &str = "EXECUTE runlimit_gcra_read_";
 const GCRA_WRITE: &str = "EXECUTE runlimit_gcra_write_";
+const GCRA_PREFLIGHT: &str = "EXECUTE runlimit_gcra_preflight_one_v2(";
+const PREPARE_GCRA_LOCK_ONE_V2: &str = "PREPARE runlimit_gcra_lock_one_v2 (";
+const PREPARE_GCRA_PREFLIGHT_ONE: &str = "PREPARE runlimit_gcra_preflight_one_v2 (";
 const PREPARE_SETTINGS: &str = "PREPARE runlimit_settings_v1 (";
-const PREPARE_GCRA_LOCK_ONE: &str = "PREPARE runlimit_gcra_lock_one_v1 (";
-const PREPARE_GCRA_READ_ONE: &str = "PREPARE runlimit_gcra_read_one_v1 (";
-const PREPARE_GCRA_WRITE_ONE: &str = "PREPARE runlimit_gcra_write_one_v1 (";
 const PREPARE_GCRA_WRITE_ONE_INSERT: &str = "PREPARE runlimit_gcra_write_one_insert_v1 (";
 const PREPARE_GCRA_LOCK: &str = "PREPARE runlimit_gcra_lock_v1 (";
 const PREPARE_GCRA_READ: &str = "PREPARE runlimit_gcra_read_v1 (";
@@ -663,25 +664,22 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     assert_script(
         &recording,
         &[
-            &[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ],
+            &[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT],
             &[
                 ROLLBACK,
                 BEGIN,
-                PREPARE_SETTINGS,
-                SETTINGS,
-                PREPARE_GCRA_LOCK_ONE,
+                PREPARE_GCRA_LOCK_ONE_V2,
                 GCRA_LOCK,
-                PREPARE_GCRA_READ_ONE,
-                GCRA_READ,
-                PREPARE_GCRA_WRITE_ONE,
+                PREPARE_GCRA_PREFLIGHT_ONE,
+                GCRA_PREFLIGHT,
                 PREPARE_GCRA_WRITE_ONE_INSERT,
             ],
             &[GCRA_WRITE, COMMIT],
         ],
         what,
     );
-    assert_eq!(recording.figures(), (3, 16), "{what}");
-    // The first batch prepares the batch statements (the settings are there).
+    assert_eq!(recording.figures(), (3, 12), "{what}");
+    // The first batch prepares the batch statements and the settings.
     let warm_up_batch =
         [gcra_check(&policy, subject(254, u64::MAX)), gcra_check(&policy, subject(253, u64::MAX))];
     let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&warm_up_batch)).await;
@@ -694,6 +692,7 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
             &[
                 ROLLBACK,
                 BEGIN,
+                PREPARE_SETTINGS,
                 SETTINGS,
                 PREPARE_GCRA_LOCK,
                 GCRA_LOCK,
@@ -706,10 +705,43 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         ],
         what,
     );
-    assert_eq!(recording.figures(), (3, 15), "{what}");
+    assert_eq!(recording.figures(), (3, 16), "{what}");
     for size in sizes {
         let checks: Vec<_> = (0..size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
         let context = |what: &str| format!("GCRA, batch of {size}, {what}");
+        if size == 1 {
+            // One check, whether through `check` or `check_all`: the lock with the settings,
+            // the provisional update; `COMMIT` alone for a stored key, the insert and `COMMIT`
+            // for a new one, `ROLLBACK` for a denial.
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
+            assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+            assert_script(
+                &recording,
+                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[GCRA_WRITE, COMMIT]],
+                &context("new key"),
+            );
+            assert_eq!(recording.figures(), (2, 5), "{}", context("new key"));
+            assert_carries_keys(&recording, (0, 2), 1, &context("new key"));
+            assert_carries_keys(&recording, (1, 0), 1, &context("new key"));
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
+            assert!(decision.unwrap().permits_request());
+            assert_script(
+                &recording,
+                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[COMMIT]],
+                &context("stored key"),
+            );
+            assert_eq!(recording.figures(), (2, 4), "{}", context("stored key"));
+            assert_carries_keys(&recording, (0, 2), 1, &context("stored key"));
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
+            assert!(!decision.unwrap().permits_request());
+            assert_script(
+                &recording,
+                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[ROLLBACK]],
+                &context("denied"),
+            );
+            assert_eq!(recording.figures(), (2, 4), "{}", context("denied"));
+            continue;
+        }
         for what in ["new keys", "stored keys"] {
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
@@ -732,23 +764,17 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         );
         assert_eq!(recording.figures(), (2, 5), "{}", context("denied"));
 
-        if size > 1 {
-            let mixed: Vec<_> =
-                (size..2 * size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
-            let (decision, _) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed[..size / 2])).await;
-            assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
-            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed)).await;
-            assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
-            let what = context("stored and new keys");
-            assert_script(
-                &recording,
-                &[&[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ], &[GCRA_WRITE, COMMIT]],
-                &what,
-            );
-            assert_eq!(recording.figures(), (2, 6), "{what}");
-            assert_carries_keys(&recording, (0, 3), size, &what);
-            assert_carries_keys(&recording, (1, 0), size, &what);
-        }
+        let mixed: Vec<_> =
+            (size..2 * size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
+        let (decision, _) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed[..size / 2])).await;
+        assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+        let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&mixed)).await;
+        assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+        let what = context("stored and new keys");
+        assert_script(&recording, &[&[BEGIN, SETTINGS, GCRA_LOCK, GCRA_READ], &[GCRA_WRITE, COMMIT]], &what);
+        assert_eq!(recording.figures(), (2, 6), "{what}");
+        assert_carries_keys(&recording, (0, 3), size, &what);
+        assert_carries_keys(&recording, (1, 0), size, &what);
     }
 
     drop(connection);
@@ -1055,9 +1081,12 @@ async fn previous_and_current_protocols_share_keys_without_over_admission() {
     db.finish().await;
 }
 
-/// The GCRA counterpart: four GCRA limiters, two per protocol, run the same schedule on the
-/// same 8 keys with a burst of 50 and a rate of 50 an hour (one unit per 72 seconds), so no
-/// unit replenishes during the test. Every key ends with exactly the admissions the reference
+/// The GCRA counterpart: four GCRA limiters run the same schedule on the same 8 keys: one
+/// sends the statements of earlier releases, one the previous release's prepared statements
+/// (one-check admissions through the statements of a batch of one: ledger lock, read, write),
+/// and two the current protocol (one-check admissions through the provisional update,
+/// `src/gcra/one.rs`). The policy has a burst of 50 and a rate of 50 an hour (one unit per 72
+/// seconds), so no unit replenishes during the test. Every key ends with exactly the admissions the reference
 /// model (`runlimit_memory::GcraStore`) allows for its attempts, 50; each stored arrival time
 /// is the key's first admission plus one emission interval per admission counted by the
 /// clients (so no batch committed one key without the other); no check fails; and the
@@ -1071,10 +1100,14 @@ async fn previous_and_current_gcra_protocols_share_keys_without_over_admission()
     let db = TestDatabase::create("protocol_interop_gcra").await;
     PostgresGcraLimiter::new(db.pool(1).await).migrate().await.expect("migrate GCRA");
     let current = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
-    let previous = current.with_previous_admission_protocol();
+    let configs = [
+        current.with_previous_admission_protocol(),
+        current.with_previous_prepared_protocol(),
+        current,
+        current,
+    ];
     let mut limiters = Vec::new();
-    for index in 0..LIMITERS {
-        let config = if index < LIMITERS / 2 { previous } else { current };
+    for config in configs {
         limiters.push(Arc::new(PostgresGcraLimiter::new(db.pool(3).await).with_config(config)));
     }
     let policy = Arc::new(gcra_policy("protocol.interop", BURST, PERIOD_MS, BURST));
@@ -1167,7 +1200,7 @@ async fn previous_and_current_gcra_protocols_share_keys_without_over_admission()
     assert_eq!(rows, vec![(40, 3), (41, 3), (42, 2)]);
 
     println!(
-        "GCRA: {operations} operations in {elapsed_ms} ms; per limiter (previous, previous, current, current): {:?}",
+        "GCRA: {operations} operations in {elapsed_ms} ms; per limiter (earlier statements, previous prepared, current, current): {:?}",
         tallies.iter().map(|t| (t.allowed_singles, t.allowed_batches, t.denied)).collect::<Vec<_>>()
     );
     drop(connection);

@@ -1,0 +1,4 @@
+\set id random(1,512)
+\set shard :id % 256
+BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE\; EXECUTE runlimit_settings_v1('5000'::pg_catalog.text)\; EXECUTE runlimit_gcra_lock_one_v1(:shard::smallint)\; EXECUTE runlimit_gcra_read_one_v1(pg_catalog.decode(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint), 64, '0') || pg_catalog.lpad(pg_catalog.to_hex(:shard::bigint), 2, '0') || pg_catalog.repeat('0', 62), 'hex'));
+EXECUTE runlimit_gcra_write_one_v1((EXTRACT(EPOCH FROM pg_catalog.clock_timestamp()) * 1000)::bigint, :shard::smallint, pg_catalog.decode(pg_catalog.lpad(pg_catalog.to_hex(:id::bigint), 64, '0') || pg_catalog.lpad(pg_catalog.to_hex(:shard::bigint), 2, '0') || pg_catalog.repeat('0', 62), 'hex'), (EXTRACT(EPOCH FROM pg_catalog.clock_timestamp()) * 1000)::bigint, 0::bigint, (EXTRACT(EPOCH FROM pg_catalog.clock_timestamp()) * 1000)::bigint + 1000)\; COMMIT;
