@@ -248,11 +248,12 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// keys without a row), read the stored arrival times and sample the clock, decide in Rust,
 /// then — only when allowed — advance the watermarks, update or insert every member, and commit
 /// in input order together. A denial rolls back a transaction that wrote nothing. A one-check
-/// admission takes the same ledger row lock (the settings in the same statement), then updates
-/// a stored key's row *provisionally* to `max(tat, now × Q) + cost × P` in the statement that
-/// samples the clock; Rust decides with the same evaluator, checks the row written is the
-/// arrival time it allows, and commits, or rolls the update back on a denial. A new key is
-/// inserted before `COMMIT` as in a batch. Replicas of the previous release (which read, then
+/// admission takes the same settings and ledger row lock, then, in the statement that samples
+/// the clock, reads the key's arrival time and, when the check fits, updates the row
+/// *provisionally* to `max(tat, now × Q) + cost × P`; Rust decides from the stored time with
+/// the same evaluator, checks that the statement wrote exactly what it allows (or nothing, for
+/// a denial), and sends `COMMIT` alone or `ROLLBACK`. A new key is inserted before `COMMIT` as
+/// in a batch. Replicas of the previous release (which read, then
 /// write, under the same ledger row lock) and of this one exclude each other shard by shard,
 /// so they can share the tables during a rolling deploy. Locking the
 /// shard rather than the key deliberately serializes keys of the same shard. The shard of a key

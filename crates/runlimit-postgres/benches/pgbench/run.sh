@@ -17,10 +17,9 @@
 #                             first prepares the statements, from the crate's own
 #                             src/sql/fixed_window_prepare_*.sql, once
 #   gcra_check.sql            what PostgresGcraLimiter::check sends for a stored key, allowed:
-#                             BEGIN, EXECUTE of the prepared ledger lock (with the settings)
-#                             and of the prepared preflight (the provisional update of the
-#                             arrival time), then COMMIT; prepared once per client like
-#                             runlimit_check.sql
+#                             BEGIN, EXECUTE of the prepared settings, ledger lock and preflight
+#                             (the provisional update of the arrival time), then COMMIT;
+#                             prepared once per client like runlimit_check.sql
 #   gcra_check_batch_statements.sql  the same check through the statements GCRA batches send
 #                             (and one-check admissions sent in earlier releases): BEGIN,
 #                             EXECUTE of the prepared settings, ledger lock and read, then
@@ -79,7 +78,7 @@ with_prepare() {
 }
 with_prepare "$here/runlimit_check.sql" "$sql/fixed_window_prepare_lock_one.sql" \
   "$sql/fixed_window_prepare_preflight_one.sql" > "$check_script"
-with_prepare "$here/gcra_check.sql" "$sql/gcra_prepare_lock_one_v2.sql" \
+with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_lock_one.sql" \
   "$sql/gcra_prepare_preflight_one.sql" > "$gcra_script"
 with_prepare "$here/gcra_check_batch_statements.sql" "$sql/settings_prepare.sql" \
   "$sql/gcra_prepare_lock_one.sql" "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" \

@@ -18,12 +18,11 @@
 //!    insert the new rows in ascending key order) and `COMMIT`, or just `ROLLBACK` after a
 //!    denial.
 //!
-//! A one-check admission runs its own protocol (`super::one`: the ledger lock with the
-//! settings, a provisional update; `COMMIT` alone for a stored key). The previous release ran
-//! it through statements of one shard and one key (`runlimit_gcra_lock_one_v1`,
-//! `_read_one_v1`, `_write_one_v1` or `_write_one_insert_v1`), which the hidden
-//! previous-protocol test mode still sends; `_write_one_insert_v1` also inserts a new key for
-//! `super::one`.
+//! A one-check admission runs the settings and the lock of one shard
+//! (`runlimit_gcra_lock_one_v1`), then its own preflight (`super::one`: a provisional update;
+//! `COMMIT` alone for a stored key). The previous release read and wrote one key through
+//! `runlimit_gcra_read_one_v1` and `_write_one_v1`, which the hidden previous-protocol test
+//! mode still sends; `_write_one_insert_v1` inserts a new key for both.
 //!
 //! PostgreSQL plans these statements once per connection; per admission it parses statement
 //! names and literal arguments. The statement protocol of earlier releases (`super::sql`)
@@ -85,36 +84,27 @@ pub(crate) static WRITE_ONE_INSERT: Prepared = Prepared {
     prepare: include_str!("../sql/gcra_prepare_write_one_insert.sql"),
 };
 
-/// The settings of [`SETTINGS`] (`$2`, milliseconds as text), then [`LOCK_ONE`] of one shard
-/// (`$1`), as one statement: the settings are filter conditions of the ledger row, evaluated
-/// before the row lock is taken, so `lock_timeout` bounds the wait for it (and
-/// `statement_timeout` every later statement of the transaction).
-pub(crate) static LOCK_ONE_V2: Prepared = Prepared {
-    name: "runlimit_gcra_lock_one_v2",
-    prepare: include_str!("../sql/gcra_prepare_lock_one_v2.sql"),
-};
-
 /// The provisional admission of one stored key (see [`super::one`]): the key `$1` of shard
-/// `$2`, an increment of `$3` whole milliseconds and `$4` (below `$5` = Q) units of `1/Q` ms.
-/// One row: `clock_ms`, `now_ms` (the clock
-/// clamped to the shard's watermark) and the arrival time written (`next_tat_ms`,
-/// `next_tat_remainder`; null when the key has no row).
+/// `$2`, an increment of `$3` whole milliseconds and `$4` (below `$5` = Q) units of `1/Q` ms,
+/// and the burst's span `$6` ms and `$7` units of `1/Q` ms (B × P, in the same parts). One row:
+/// `clock_ms`, `now_ms` (the clock clamped to the shard's watermark), the stored arrival time
+/// (`tat_ms`, `tat_remainder`; null when the key has no row) and the arrival time written
+/// (`next_tat_ms`, `next_tat_remainder`; null unless the check fits the burst and the row was
+/// updated).
 pub(crate) static PREFLIGHT_ONE: Prepared = Prepared {
     name: "runlimit_gcra_preflight_one_v2",
     prepare: include_str!("../sql/gcra_prepare_preflight_one.sql"),
 };
 
-/// `EXECUTE runlimit_gcra_lock_one_v2(..)` of `shard` with both timeouts `timeout_ms`.
-pub(crate) fn lock_one_v2(shard: i16, timeout_ms: u128) -> String {
-    format!("EXECUTE {}({shard}::smallint, '{timeout_ms}'::pg_catalog.text);\n", LOCK_ONE_V2.name)
-}
-
 /// `EXECUTE runlimit_gcra_preflight_one_v2(..)`: the arguments of [`PREFLIGHT_ONE`].
 pub(crate) fn preflight_one(key: &[u8; 64], shard: i16, increment: super::one::Increment) -> String {
     let mut sql = format!("EXECUTE {}(", PREFLIGHT_ONE.name);
     push_bytea(&mut sql, key);
-    let super::one::Increment { millis, remainder, quota } = increment;
-    sql.push_str(&format!(", {shard}::smallint, {millis}::bigint, {remainder}::bigint, {quota}::bigint);\n"));
+    let super::one::Increment { millis, remainder, quota, ceiling_millis, ceiling_remainder } = increment;
+    sql.push_str(&format!(
+        ", {shard}::smallint, {millis}::bigint, {remainder}::bigint, {quota}::bigint, {ceiling_millis}::bigint, \
+         {ceiling_remainder}::bigint);\n"
+    ));
     sql
 }
 
@@ -265,20 +255,21 @@ mod tests {
         );
         assert_eq!(writes(false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
         assert_eq!(writes(true), [&WRITE, &WRITE_INSERTS]);
-        assert_eq!(
-            lock_one_v2(7, 1_500),
-            "EXECUTE runlimit_gcra_lock_one_v2(7::smallint, '1500'::pg_catalog.text);\n"
-        );
-        let increment = crate::gcra::one::Increment { millis: 333, remainder: 1, quota: 3 };
+        let increment = crate::gcra::one::Increment {
+            millis: 333,
+            remainder: 1,
+            quota: 3,
+            ceiling_millis: 666,
+            ceiling_remainder: 2,
+        };
         assert_eq!(
             preflight_one(&key, 171, increment),
             format!(
                 "EXECUTE runlimit_gcra_preflight_one_v2({decoded}, 171::smallint, 333::bigint, 1::bigint, \
-                 3::bigint);\n"
+                 3::bigint, 666::bigint, 2::bigint);\n"
             )
         );
         for statement in [
-            &LOCK_ONE_V2,
             &PREFLIGHT_ONE,
             &SETTINGS,
             &LOCK,

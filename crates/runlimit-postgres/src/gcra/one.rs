@@ -1,23 +1,26 @@
-//! The one-check GCRA admission: two round trips, four statements for a stored key.
+//! The one-check GCRA admission: two round trips, five statements for a stored key.
 //!
-//! 1. `BEGIN`, `EXECUTE runlimit_gcra_lock_one_v2` (the transaction-local settings of
-//!    `runlimit_settings_v1`, then the shard's ledger row `FOR UPDATE`: the lock every GCRA
-//!    admission, cleanup and reset of the shard takes, so replicas of earlier releases exclude
-//!    it and it excludes them) and `EXECUTE runlimit_gcra_preflight_one_v2`: in one statement,
-//!    the clock sample clamped to the shard's watermark, and a *provisional* update of the
-//!    key's row to `max(tat, now × Q) + cost × P`, returning the arrival time written;
-//! 2. `COMMIT` when `gcra::evaluate` allows the check from `max(tat, now × Q)` (recovered as
-//!    the written time minus `cost × P`; its new arrival time must equal the one written, or
-//!    the admission fails before `COMMIT`), `ROLLBACK` when it denies it (the
-//!    provisional update is undone, nothing is consumed). A key without a row (the update
-//!    matched nothing) is decided on no state, and an allowed one is inserted by
-//!    `runlimit_gcra_write_one_insert_v1` before `COMMIT`, as in a batch.
+//! 1. `BEGIN`, `EXECUTE runlimit_settings_v1` (the transaction's timeouts, in a statement that
+//!    touches no table, so they bound every later wait, table locks included),
+//!    `EXECUTE runlimit_gcra_lock_one_v1` (the shard's ledger row `FOR UPDATE`: the lock every
+//!    GCRA admission, cleanup and reset of the shard takes, so replicas of earlier releases
+//!    exclude it and it excludes them) and `EXECUTE runlimit_gcra_preflight_one_v2`: in one
+//!    statement, the clock sample clamped to the shard's watermark, the key's stored arrival
+//!    time, and, when the check fits, a *provisional* update of the row to
+//!    `max(tat, now × Q) + cost × P`, returning the stored and the written arrival times;
+//! 2. `COMMIT` when `gcra::evaluate`, from the stored arrival time, allows the check (the
+//!    time it allows must be the one written, or the admission fails before `COMMIT`),
+//!    `ROLLBACK` when it denies it (then nothing was written, and the statement must not have
+//!    written either). A key without a row is decided on no state, and an allowed one is
+//!    inserted by `runlimit_gcra_write_one_insert_v1` before `COMMIT`, as in a batch.
 //!
-//! So a stored key's admission writes one row and sends four statements where the batch
-//! statements write two (the key's row and the shard's watermark) and send six. The decision
-//! is the evaluator's, as in every other admission: the database computes only the arrival
-//! time an allowed check stores, in exact `bigint` parts (whole milliseconds and a remainder
-//! in `1/Q` ms), and the evaluator's answer is compared with it.
+//! So a stored key's admission writes one row and sends five statements where the batch
+//! statements write two (the key's row and the shard's watermark) and send six; a denial writes
+//! nothing (the update's condition is the evaluator's fit test, `cand ≤ now × Q + B × P`). The
+//! decision is the evaluator's, as in every other admission: the database computes the arrival
+//! time an allowed check stores, in exact `bigint` parts (whole milliseconds and a remainder in
+//! `1/Q` ms), and whether it fits; Rust evaluates the stored state itself and accepts the
+//! statement's answer only when both agree, failing closed otherwise.
 //!
 //! One difference in what is stored, on the safe side: these admissions do not advance the
 //! shard's watermark. It exists so that a backwards clock step never makes a *deleted* row's
@@ -33,14 +36,11 @@
 //! arrival time is at most that far beyond the clock reading it was written at. A policy
 //! outside that range (none validates) would keep the batch statements.
 
-use runlimit_core::{
-    QuotaMode,
-    backend::gcra::{GcraParameters, TheoreticalArrivalTime},
-};
+use runlimit_core::{QuotaMode, backend::gcra::GcraParameters};
 use sqlx::PgConnection;
 use tokio::time::Instant as Deadline;
 
-use super::{GcraSpec, StoredTat, calls, decide, effective_now, parse_ledger, stored_tat};
+use super::{GcraSpec, GcraWrite, StoredTat, calls, decide, effective_now, parse_ledger, stored_tat};
 use crate::{
     config::PostgresConfig,
     error::{CheckError, CheckPhase},
@@ -50,8 +50,8 @@ use crate::{
     transaction::{self, Plan},
 };
 
-/// What one check adds to an arrival time, in the stored parts: the arguments of the
-/// provisional update.
+/// What one check adds to an arrival time and the burst's span, in the stored parts: the
+/// arguments of the provisional update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Increment {
     /// `⌊cost × P / Q⌋`.
@@ -60,6 +60,11 @@ pub(crate) struct Increment {
     pub(crate) remainder: i64,
     /// Q.
     pub(crate) quota: i64,
+    /// `⌊B × P / Q⌋`: the check fits when the new arrival time is at most `now` plus this
+    /// (and [`ceiling_remainder`](Self::ceiling_remainder)).
+    pub(crate) ceiling_millis: i64,
+    /// `B × P mod Q`.
+    pub(crate) ceiling_remainder: i64,
 }
 
 /// Full-replenishment times above this (ms) keep the batch statements; every valid policy's
@@ -74,25 +79,29 @@ impl Increment {
         let period = u128::from(parameters.period().as_millis());
         let burst = u128::from(parameters.burst_capacity().get());
         // B, Q < 2⁶³ and P < 2⁵⁴: every product fits u128.
-        let full = burst * period / quota;
-        if full > MAXIMUM_FULL_REPLENISHMENT_MS {
+        if burst * period / quota > MAXIMUM_FULL_REPLENISHMENT_MS {
             return None;
         }
         let added = u128::from(cost) * period;
+        let span = burst * period;
         Some(Self {
             millis: i64::try_from(added / quota).ok()?,
             remainder: i64::try_from(added % quota).ok()?,
             quota: i64::try_from(quota).ok()?,
+            ceiling_millis: i64::try_from(span / quota).ok()?,
+            ceiling_remainder: i64::try_from(span % quota).ok()?,
         })
     }
 }
 
-/// The provisional update's answer.
+/// The preflight's answer.
 #[derive(Debug)]
 struct Preflight {
     clock_ms: i64,
     now_ms: i64,
-    /// The arrival time as written; `None` when the key has no row.
+    /// The stored arrival time; `None` when the key has no row.
+    stored: Option<StoredTat>,
+    /// The arrival time written; `None` unless the check fit and the row was updated.
     written: Option<StoredTat>,
 }
 
@@ -100,42 +109,39 @@ fn parse_preflight(output: &script::ScriptOutput, statement: usize) -> Result<Pr
     let phase = CheckPhase::Preflight;
     let bad = malformed(phase);
     let row = output.only_row(statement).ok_or_else(|| bad("expected one preflight row"))?;
-    let parts: (Option<i64>, Option<i64>) =
-        (column(row, "next_tat_ms", phase)?, column(row, "next_tat_remainder", phase)?);
-    let written = match parts {
-        (Some(tat_ms), Some(tat_remainder)) => Some(StoredTat { tat_ms, tat_remainder }),
-        (None, None) => None,
-        _ => return Err(bad("half an arrival time")),
+    let pair = |ms: &str, remainder: &str| -> Result<Option<StoredTat>, CheckError> {
+        let parts: (Option<i64>, Option<i64>) = (column(row, ms, phase)?, column(row, remainder, phase)?);
+        match parts {
+            (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
+            (None, None) => Ok(None),
+            _ => Err(bad("half an arrival time")),
+        }
     };
-    Ok(Preflight {
+    let preflight = Preflight {
         clock_ms: column(row, "clock_ms", phase)?,
         now_ms: column(row, "now_ms", phase)?,
-        written,
-    })
+        stored: pair("tat_ms", "tat_remainder")?,
+        written: pair("next_tat_ms", "next_tat_remainder")?,
+    };
+    if preflight.written.is_some() && preflight.stored.is_none() {
+        return Err(bad("an arrival time written for a key without a row"));
+    }
+    Ok(preflight)
 }
 
-/// The arrival time a stored key was evaluated from, recovered from the one written: `written
-/// − cost × P`, which is `max(tat, now × Q)`. The evaluator's answer from it is its answer
-/// from the stored `tat` (it starts from `max(tat, now × Q)` too), so the row as it was need
-/// not travel back. `None` when the written time is malformed or the recovered one lies before
-/// `now × Q` (the update did not compute `max`).
-fn evaluated_from(
-    written: StoredTat,
-    now_ms: u64,
-    spec: &GcraSpec,
-) -> Option<(TheoreticalArrivalTime, StoredTat)> {
-    let parameters = &spec.parameters;
-    let written = stored_tat(written, parameters)?;
-    let added = u128::from(spec.cost) * u128::from(parameters.period().as_millis());
-    let base = written.scaled().checked_sub(added)?;
-    if base < u128::from(now_ms) * u128::from(parameters.quota().get()) {
-        return None;
+/// Whether the statement's answer is the evaluator's: for a stored key, an allowed check wrote
+/// exactly the arrival time the plan stores and a denied one wrote nothing; a key without a
+/// row was not written.
+fn agrees(plan: &Plan<GcraWrite>, preflight: &Preflight, parameters: &GcraParameters) -> bool {
+    match (plan, preflight.stored, preflight.written) {
+        (Plan::Commit { writes, .. }, Some(_), Some(written)) => match writes.as_slice() {
+            [write] => !write.insert && stored_tat(written, parameters).is_some() && write.tat == written,
+            _ => false,
+        },
+        (Plan::Commit { writes, .. }, None, None) => writes.iter().all(|write| write.insert),
+        (Plan::Rollback(_), _, None) => true,
+        _ => false,
     }
-    let base = TheoreticalArrivalTime::from_scaled(base);
-    let (millis, remainder) = base.to_parts(parameters)?;
-    let stored =
-        StoredTat { tat_ms: i64::try_from(millis).ok()?, tat_remainder: i64::try_from(remainder).ok()? };
-    Some((written, stored))
 }
 
 /// Admits one check through the statements above. Returns the result and whether the
@@ -150,20 +156,22 @@ pub(crate) async fn admit(
     mode: QuotaMode,
 ) -> (Result<Evaluated, CheckError>, bool) {
     let shard = i16::from(spec.shard);
+    let (lock_sql, lock_prepared) = calls::lock(&[shard], false);
     let statements = [
         Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
         Statement {
-            sql: calls::lock_one_v2(shard, config.server_timeout_millis()),
-            phase: CheckPhase::Lock,
-            executes: Some(&calls::LOCK_ONE_V2),
+            sql: calls::settings(config.server_timeout_millis()),
+            phase: CheckPhase::Begin,
+            executes: Some(&calls::SETTINGS),
         },
+        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
         Statement {
             sql: calls::preflight_one(key, shard, increment),
             phase: CheckPhase::Preflight,
             executes: Some(&calls::PREFLIGHT_ONE),
         },
     ];
-    let (lock_statement, preflight_statement) = (1, 2);
+    let (lock_statement, preflight_statement) = (2, 3);
     let output = match prepared::run_phases(
         connection,
         &statements,
@@ -185,28 +193,18 @@ pub(crate) async fn admit(
         if i64::try_from(now_ms).ok() != Some(preflight.now_ms) {
             return Err(bad("the update's time is not the clamped clock"));
         }
-        let (written, stored) = match preflight.written {
-            Some(written) => {
-                let (written, base) = evaluated_from(written, now_ms, &spec)
-                    .ok_or_else(|| bad("the provisional update is not an admission's"))?;
-                (Some(written), Some(base))
-            }
-            None => (None, None),
-        };
-        let plan = decide(&[spec], &[stored], now_ms, &ledger, config.maximum_rows_per_shard(), mode)
-            .map_err(&bad)?;
-        if let (Plan::Commit { writes, .. }, Some(written)) = (&plan, written)
-            && !writes
-                .iter()
-                .all(|write| !write.insert && stored_tat(write.tat, &spec.parameters) == Some(written))
-        {
-            return Err(bad("the provisional update differs from the evaluator's"));
+        let plan =
+            decide(&[spec], &[preflight.stored], now_ms, &ledger, config.maximum_rows_per_shard(), mode)
+                .map_err(&bad)?;
+        if !agrees(&plan, &preflight, &spec.parameters) {
+            return Err(bad("the provisional update differs from the evaluator's decision"));
         }
         Ok((plan, now_ms))
     })();
     let (plan, now_ms) = match decided {
         Ok(decided) => decided,
-        // The transaction is open, with the provisional update: the connection is not reused.
+        // The transaction is open, perhaps with the provisional update: the connection is not
+        // reused, so the server rolls it back.
         Err(error) => return (Err(error), false),
     };
     let ending = plan.ending(|writes| match writes {
@@ -237,22 +235,46 @@ mod tests {
         // 3 per 1,000 ms, burst 2: one unit is 333 ms and 1/3; full replenishment 666 ms.
         assert_eq!(
             Increment::of(&parameters(3, 1_000, 2), 1),
-            Some(Increment { millis: 333, remainder: 1, quota: 3 })
+            Some(Increment {
+                millis: 333,
+                remainder: 1,
+                quota: 3,
+                ceiling_millis: 666,
+                ceiling_remainder: 2
+            })
         );
         assert_eq!(
             Increment::of(&parameters(3, 1_000, 2), 2),
-            Some(Increment { millis: 666, remainder: 2, quota: 3 })
+            Some(Increment {
+                millis: 666,
+                remainder: 2,
+                quota: 3,
+                ceiling_millis: 666,
+                ceiling_remainder: 2
+            })
         );
         // One unit an hour, burst 50, a check of 50: 180,000,000 ms.
         assert_eq!(
             Increment::of(&parameters(1, 3_600_000, 50), 50),
-            Some(Increment { millis: 180_000_000, remainder: 0, quota: 1 })
+            Some(Increment {
+                millis: 180_000_000,
+                remainder: 0,
+                quota: 1,
+                ceiling_millis: 180_000_000,
+                ceiling_remainder: 0
+            })
         );
         // The longest full replenishment a policy may have: its parts, exactly.
         let longest = runlimit_core::MAX_WINDOW_MILLIS;
         assert_eq!(
             Increment::of(&parameters(1, longest, 1), 1),
-            Some(Increment { millis: i64::try_from(longest).unwrap(), remainder: 0, quota: 1 })
+            Some(Increment {
+                millis: i64::try_from(longest).unwrap(),
+                remainder: 0,
+                quota: 1,
+                ceiling_millis: i64::try_from(longest).unwrap(),
+                ceiling_remainder: 0,
+            })
         );
     }
 }

@@ -545,6 +545,59 @@ async fn a_terminated_backend_consumes_nothing() {
     db.finish().await;
 }
 
+/// A table lock on the ledger (an operator's `ALTER TABLE`, `VACUUM FULL` or `LOCK TABLE`, even
+/// one only queued) ends a one-check admission's wait by the transaction's own `lock_timeout`:
+/// the settings run in a statement that touches no table, before the lock statement needs the
+/// table, so the server gives up the wait instead of queueing behind the operator until the
+/// lock is released (a client that stopped waiting does not stop a waiting backend).
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_table_lock_on_the_ledger_ends_the_wait_on_the_server() {
+    let db = TestDatabase::create("gcra_table_lock").await;
+    let limiter = limiter(&db, 2)
+        .await
+        .with_config(PostgresConfig::default().with_operation_timeout(Duration::from_millis(500)).unwrap());
+    let mut admin = db.connection().await;
+    let policy = gcra("table.lock", 1, 3_600_000, 3);
+    let key = check(&policy, subject(23, 1));
+    assert!(limiter.check(&key).await.unwrap().permits_request(), "the connection's statements are prepared");
+    let mut holder = db.connection().await;
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut holder).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE public.runlimit_gcra_shards IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let error = limiter.check(&key).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CheckError::Timeout { phase: CheckPhase::Lock, .. }
+                | CheckError::Database { phase: CheckPhase::Lock, .. }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+    // The lock is still held: no backend of this database but the holder waits on a lock for
+    // longer than the server's timeout takes to fire.
+    let waiting = "SELECT count(*) FROM pg_catalog.pg_stat_activity \
+                   WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid <> $1 \
+                   AND wait_event_type = 'Lock'";
+    let mut still_waiting = -1;
+    for _ in 0..100 {
+        still_waiting =
+            sqlx::query_scalar::<_, i64>(waiting).bind(holder_pid).fetch_one(&mut admin).await.unwrap();
+        if still_waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(still_waiting, 0, "a backend still queues behind the table lock");
+    tx.rollback().await.unwrap();
+    assert!(limiter.check(&key).await.unwrap().permits_request());
+    db.finish().await;
+}
+
 /// `migrate()` on a fresh database, on one with only the first GCRA migration, and next to the
 /// fixed-window stream in one shared `_sqlx_migrations` history, in either order.
 #[tokio::test]

@@ -374,7 +374,7 @@ const GCRA_LOCK: &str = "EXECUTE runlimit_gcra_lock_";
 const GCRA_READ: &str = "EXECUTE runlimit_gcra_read_";
 const GCRA_WRITE: &str = "EXECUTE runlimit_gcra_write_";
 const GCRA_PREFLIGHT: &str = "EXECUTE runlimit_gcra_preflight_one_v2(";
-const PREPARE_GCRA_LOCK_ONE_V2: &str = "PREPARE runlimit_gcra_lock_one_v2 (";
+const PREPARE_GCRA_LOCK_ONE: &str = "PREPARE runlimit_gcra_lock_one_v1 (";
 const PREPARE_GCRA_PREFLIGHT_ONE: &str = "PREPARE runlimit_gcra_preflight_one_v2 (";
 const PREPARE_SETTINGS: &str = "PREPARE runlimit_settings_v1 (";
 const PREPARE_GCRA_WRITE_ONE_INSERT: &str = "PREPARE runlimit_gcra_write_one_insert_v1 (";
@@ -664,11 +664,13 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     assert_script(
         &recording,
         &[
-            &[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT],
+            &[BEGIN, SETTINGS, GCRA_LOCK, GCRA_PREFLIGHT],
             &[
                 ROLLBACK,
                 BEGIN,
-                PREPARE_GCRA_LOCK_ONE_V2,
+                PREPARE_SETTINGS,
+                SETTINGS,
+                PREPARE_GCRA_LOCK_ONE,
                 GCRA_LOCK,
                 PREPARE_GCRA_PREFLIGHT_ONE,
                 GCRA_PREFLIGHT,
@@ -678,8 +680,8 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         ],
         what,
     );
-    assert_eq!(recording.figures(), (3, 12), "{what}");
-    // The first batch prepares the batch statements and the settings.
+    assert_eq!(recording.figures(), (3, 15), "{what}");
+    // The first batch prepares the batch statements (the settings are there).
     let warm_up_batch =
         [gcra_check(&policy, subject(254, u64::MAX)), gcra_check(&policy, subject(253, u64::MAX))];
     let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&warm_up_batch)).await;
@@ -692,7 +694,6 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
             &[
                 ROLLBACK,
                 BEGIN,
-                PREPARE_SETTINGS,
                 SETTINGS,
                 PREPARE_GCRA_LOCK,
                 GCRA_LOCK,
@@ -705,41 +706,30 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
         ],
         what,
     );
-    assert_eq!(recording.figures(), (3, 16), "{what}");
+    assert_eq!(recording.figures(), (3, 15), "{what}");
     for size in sizes {
         let checks: Vec<_> = (0..size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
         let context = |what: &str| format!("GCRA, batch of {size}, {what}");
         if size == 1 {
-            // One check, whether through `check` or `check_all`: the lock with the settings,
-            // the provisional update; `COMMIT` alone for a stored key, the insert and `COMMIT`
-            // for a new one, `ROLLBACK` for a denial.
+            // One check, whether through `check` or `check_all`: the settings, the lock, the
+            // preflight (the provisional update); `COMMIT` alone for a stored key, the insert and
+            // `COMMIT` for a new one, `ROLLBACK` for a denial.
+            let first = [BEGIN, SETTINGS, GCRA_LOCK, GCRA_PREFLIGHT];
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
-            assert_script(
-                &recording,
-                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[GCRA_WRITE, COMMIT]],
-                &context("new key"),
-            );
-            assert_eq!(recording.figures(), (2, 5), "{}", context("new key"));
-            assert_carries_keys(&recording, (0, 2), 1, &context("new key"));
+            assert_script(&recording, &[&first, &[GCRA_WRITE, COMMIT]], &context("new key"));
+            assert_eq!(recording.figures(), (2, 6), "{}", context("new key"));
+            assert_carries_keys(&recording, (0, 3), 1, &context("new key"));
             assert_carries_keys(&recording, (1, 0), 1, &context("new key"));
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
             assert!(decision.unwrap().permits_request());
-            assert_script(
-                &recording,
-                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[COMMIT]],
-                &context("stored key"),
-            );
-            assert_eq!(recording.figures(), (2, 4), "{}", context("stored key"));
-            assert_carries_keys(&recording, (0, 2), 1, &context("stored key"));
+            assert_script(&recording, &[&first, &[COMMIT]], &context("stored key"));
+            assert_eq!(recording.figures(), (2, 5), "{}", context("stored key"));
+            assert_carries_keys(&recording, (0, 3), 1, &context("stored key"));
             let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
             assert!(!decision.unwrap().permits_request());
-            assert_script(
-                &recording,
-                &[&[BEGIN, GCRA_LOCK, GCRA_PREFLIGHT], &[ROLLBACK]],
-                &context("denied"),
-            );
-            assert_eq!(recording.figures(), (2, 4), "{}", context("denied"));
+            assert_script(&recording, &[&first, &[ROLLBACK]], &context("denied"));
+            assert_eq!(recording.figures(), (2, 5), "{}", context("denied"));
             continue;
         }
         for what in ["new keys", "stored keys"] {
