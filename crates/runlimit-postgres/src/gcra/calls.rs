@@ -32,8 +32,9 @@
 //! calls: exact types, schema-qualified names, integers and hexadecimal digits only.
 
 use crate::{
+    error::CheckPhase,
     gcra::GcraWrite,
-    prepared::Prepared,
+    prepared::{Prepared, Statement},
     script::{array_literal, push_bytea},
 };
 
@@ -112,6 +113,17 @@ pub(crate) fn preflight_one(key: &[u8; 64], shard: i16, increment: super::one::I
 /// may execute.
 pub(crate) fn writes(batch: bool) -> [&'static Prepared; 2] {
     if batch { [&WRITE, &WRITE_INSERTS] } else { [&WRITE_ONE, &WRITE_ONE_INSERT] }
+}
+
+/// The first statements of every GCRA admission's first round trip: `BEGIN`, the settings
+/// (both timeouts `timeout_ms` milliseconds) and the lock of `shards` ([`lock`]).
+pub(crate) fn opening(timeout_ms: u128, shards: &[i16], batch: bool) -> [Statement; 3] {
+    let (lock_sql, lock_prepared) = lock(shards, batch);
+    [
+        Statement { sql: crate::script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
+        Statement { sql: settings(timeout_ms), phase: CheckPhase::Begin, executes: Some(&SETTINGS) },
+        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
+    ]
 }
 
 /// `EXECUTE runlimit_settings_v1(..)` with both timeouts `timeout_ms` milliseconds.

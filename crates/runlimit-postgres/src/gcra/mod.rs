@@ -263,18 +263,10 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
     let batch = keys.len() > 1;
-    let (lock_sql, lock_prepared) = calls::lock(shards, batch);
+    let [begin, settings, lock] = calls::opening(config.server_timeout_millis(), shards, batch);
     let (read_sql, read_prepared) = calls::read(keys);
-    let statements = [
-        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
-        Statement {
-            sql: calls::settings(config.server_timeout_millis()),
-            phase: CheckPhase::Begin,
-            executes: Some(&calls::SETTINGS),
-        },
-        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
-        Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) },
-    ];
+    let read = Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) };
+    let statements = [begin, settings, lock, read];
     let lock_statement = 2;
     let later = calls::writes(batch);
     let output =

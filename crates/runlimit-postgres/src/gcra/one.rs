@@ -156,21 +156,13 @@ pub(crate) async fn admit(
     mode: QuotaMode,
 ) -> (Result<Evaluated, CheckError>, bool) {
     let shard = i16::from(spec.shard);
-    let (lock_sql, lock_prepared) = calls::lock(&[shard], false);
-    let statements = [
-        Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
-        Statement {
-            sql: calls::settings(config.server_timeout_millis()),
-            phase: CheckPhase::Begin,
-            executes: Some(&calls::SETTINGS),
-        },
-        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
-        Statement {
-            sql: calls::preflight_one(key, shard, increment),
-            phase: CheckPhase::Preflight,
-            executes: Some(&calls::PREFLIGHT_ONE),
-        },
-    ];
+    let [begin, settings, lock] = calls::opening(config.server_timeout_millis(), &[shard], false);
+    let preflight = Statement {
+        sql: calls::preflight_one(key, shard, increment),
+        phase: CheckPhase::Preflight,
+        executes: Some(&calls::PREFLIGHT_ONE),
+    };
+    let statements = [begin, settings, lock, preflight];
     let (lock_statement, preflight_statement) = (2, 3);
     let output = match prepared::run_phases(
         connection,
