@@ -160,6 +160,14 @@ impl PinnedClock {
         self.origin_ms + i64::try_from(self.elapsed_ms).expect("elapsed fits i64")
     }
 
+    /// Moves the pinned clock back by `millis` (a backwards step of the database clock), not
+    /// before its origin.
+    pub(crate) async fn step_back(&mut self, millis: u64) {
+        let elapsed = self.elapsed_ms.checked_sub(millis).expect("stepped back before the origin");
+        self.elapsed_ms = 0;
+        self.advance(elapsed).await;
+    }
+
     /// The pinned instant as stored in the database, in milliseconds since the Unix epoch.
     pub(crate) async fn stored_ms(&self) -> i64 {
         sqlx::query_scalar(READ_MS).fetch_one(&self.direct).await.expect("read the pinned clock")

@@ -390,6 +390,58 @@ fn retry(view: DecisionView<'_>) -> u128 {
     quota.retry_after().millis()
 }
 
+/// A backwards step of the database clock after one-check GCRA admissions of a stored key
+/// (which leave the shard's watermark where the key's insert put it) replenishes nothing early:
+/// the key is judged at the earlier reading, which only makes it wait longer, cleanup keeps its
+/// row, and once cleanup has deleted a rested row (advancing the watermark), a step back still
+/// evaluates the key, new again, at the watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_backwards_step_after_gcra_admissions_replenishes_nothing_early() {
+    let db = TestDatabase::create("clock_gcra_backwards").await;
+    let direct = db.pool(2).await;
+    PostgresGcraLimiter::new(direct.clone()).migrate().await.unwrap();
+    let mut clock = PinnedClock::install(&db).await;
+    let proxied =
+        db.pool_with(sqlx::postgres::PgPoolOptions::new().max_connections(2), clock.options()).await;
+    let limiter = PostgresGcraLimiter::new(proxied.clone());
+    // One unit per 1,000 ms, burst 2.
+    let policy = gcra(1, 1_000, 2);
+    let key = Check::new(subject(5, 1).bind(&policy));
+    let stored_tat = || async {
+        sqlx::query_scalar::<_, i64>("SELECT tat_ms FROM public.runlimit_gcra")
+            .fetch_one(&direct)
+            .await
+            .unwrap()
+    };
+    let origin = clock.now_ms();
+    assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (1, 1_000)); // insert: tat +1,000
+    clock.advance(500).await;
+    assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 1_500)); // tat +2,000
+    clock.advance(1_000).await;
+    assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 1_500)); // tat +3,000
+    assert_eq!(stored_tat().await, origin + 3_000);
+
+    // The clock steps back 900 ms, to +600. At +1,500 the key would wait 500 ms; judged at
+    // +600 (the watermark is the insert's +0) it waits 1,400 ms: longer, never shorter.
+    clock.step_back(900).await;
+    assert_eq!(retry(limiter.check(&key).await.unwrap().view()), 1_400);
+    assert_eq!(stored_tat().await, origin + 3_000, "a denial consumes nothing");
+    assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 0, "the live row is kept");
+
+    // At +3,000 the key is rested; cleanup deletes its row and moves the watermark to +3,000.
+    clock.advance(2_400).await;
+    assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 1);
+    // A step back to +2,000: the key, new again, is judged at the watermark (+3,000), so its
+    // first unit replenishes at +4,000, not at +3,000.
+    clock.step_back(1_000).await;
+    assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (1, 1_000));
+    assert_eq!(stored_tat().await, origin + 4_000);
+    proxied.close().await;
+    clock.close().await;
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn limiters_decide_at_the_pinned_instant() {
