@@ -273,3 +273,62 @@ fn header_key_hashes_the_value_and_refuses_a_missing_or_empty_one() -> Result<()
     }
     Ok(())
 }
+
+/// One `AdmissionFields` service seeing requests admitted by different single gates: each gets
+/// its own name and `RateLimit-Policy` value, shadow denials report what enforcement would have
+/// sent, and a policy the names leave undisclosed gets no fields.
+#[tokio::test]
+async fn one_fields_service_describes_each_single_gate_exactly() {
+    use runlimit_axum::{Admission, Admissions};
+    use runlimit_core::{Admitted, Allowance, Capacity, Delay, QuotaDenial, RateLimitPolicy};
+    use tower::{Layer as _, ServiceExt as _};
+
+    let fixed = |id: &str, limit: u64| -> Arc<dyn RateLimitPolicy> {
+        Arc::new(
+            FixedWindowPolicy::new(
+                PolicyId::new(id).unwrap(),
+                ScopeId::new("c").unwrap(),
+                limit,
+                Duration::from_secs(60),
+            )
+            .unwrap(),
+        )
+    };
+    let (api, admin, hidden) = (fixed("api", 100), fixed("admin", 5), fixed("hidden", 7));
+    let allowed = |limit: u64, left: u64, millis: u64| {
+        Admitted::Allowed(
+            Allowance::new(Capacity::new(limit).unwrap(), left, Delay::from_millis(millis)).unwrap(),
+        )
+    };
+    let names: runlimit_axum::NamePolicy =
+        |policy| (policy.id().as_str() != "hidden").then(|| runlimit_axum::policy_id_name(policy)).flatten();
+    let service = AdmissionFieldsLayer::with_names(names).layer(tower::service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(()))
+    }));
+    let fields = |policy: &Arc<dyn RateLimitPolicy>, decision: Admitted| {
+        let mut admissions = Admissions::default();
+        admissions.push(Admission::new(Arc::clone(policy), decision));
+        let mut request = Request::new(());
+        request.extensions_mut().insert(admissions);
+        async move {
+            let response = service.oneshot(request).await.unwrap();
+            let header =
+                |name: &str| response.headers().get(name).map(|value| value.to_str().unwrap().to_owned());
+            (header("ratelimit-policy"), header("ratelimit"))
+        }
+    };
+    let some = |policy: &str, limit: &str| (Some(policy.to_owned()), Some(limit.to_owned()));
+    assert_eq!(
+        fields(&api, allowed(100, 99, 60_000)).await,
+        some(r#""api";q=100;w=60"#, r#""api";r=99;t=60"#)
+    );
+    assert_eq!(fields(&admin, allowed(5, 0, 1_500)).await, some(r#""admin";q=5;w=60"#, r#""admin";r=0;t=2"#));
+    assert_eq!(
+        fields(&api, allowed(100, 98, 59_001)).await,
+        some(r#""api";q=100;w=60"#, r#""api";r=98;t=60"#)
+    );
+    let shadow =
+        Admitted::ShadowDenied(QuotaDenial::new(Capacity::new(5).unwrap(), Delay::from_millis(4_200)));
+    assert_eq!(fields(&admin, shadow).await, some(r#""admin";q=5;w=60"#, r#""admin";r=0;t=5"#));
+    assert_eq!(fields(&hidden, allowed(7, 6, 60_000)).await, (None, None));
+}
