@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod memory;
 mod postgres;
 mod redis;

@@ -6,35 +6,22 @@
 //! tests themselves (a failing test keeps it
 //! for inspection; the next run drops the leftover first).
 
-use crate::support;
+use crate::{
+    admin::{admin_sql, admin_url},
+    support,
+};
 
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use sqlx::{Connection as _, PgConnection};
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, SECRET, assert_fields, attempt_backoff_body, attempt_series,
     check_series, counts, quota_exceeded_body, scraped, unauthorized_body, with_database,
 };
 
-const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
 const DATABASE: &str = "runlimit_demo_e2e";
 const ATTEMPTS_DATABASE: &str = "runlimit_demo_e2e_attempts";
-
-fn admin_url() -> String {
-    std::env::var(DATABASE_URL_VARIABLE).unwrap_or_else(|_| {
-        panic!(
-            "{DATABASE_URL_VARIABLE} must name a PostgreSQL database whose role has CREATEDB, \
-             e.g. postgres://postgres@127.0.0.1:5432/test"
-        )
-    })
-}
-
-async fn admin_sql(sql: String) {
-    let mut connection = PgConnection::connect(&admin_url()).await.expect("connect to the admin database");
-    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut connection).await.expect("admin statement");
-    connection.close().await.expect("close the admin connection");
-}
 
 #[test]
 fn database_urls() {

@@ -14,7 +14,10 @@
 //!     cargo test -p runlimit-demo --test e2e redis:: -- --include-ignored
 //! ```
 
-use crate::support;
+use crate::{
+    admin::{admin_sql, admin_url},
+    support,
+};
 
 use std::{
     collections::BTreeMap,
@@ -27,14 +30,13 @@ use http::StatusCode;
 use runlimit_core::QuotaSnapshot;
 use runlimit_demo::{Args, ClientNetwork, Gates, key_hasher_from_env};
 use runlimit_redis::{KeyPrefix, RedisConfig, RedisGcraLimiter, RedisLimiter};
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use sqlx::{Connection as _, PgConnection};
 use support::{
     ALICE, ALICE_PASSWORD, Demo, Http, Reply, SECRET, assert_ratelimit, attempt_backoff_body, attempt_series,
     check_series, counts, quota_exceeded_body, scraped, unauthorized_body, with_database,
 };
 
 const REDIS_URL_VARIABLE: &str = "RUNLIMIT_REDIS_TEST_URL";
-const DATABASE_URL_VARIABLE: &str = "RUNLIMIT_POSTGRES_TEST_DATABASE_URL";
 const MIXED_DATABASE: &str = "runlimit_demo_e2e_redis_mixed";
 
 fn redis_url() -> String {
@@ -44,21 +46,6 @@ fn redis_url() -> String {
              write their own keys to, e.g. redis://127.0.0.1:6379"
         )
     })
-}
-
-fn admin_url() -> String {
-    std::env::var(DATABASE_URL_VARIABLE).unwrap_or_else(|_| {
-        panic!(
-            "{DATABASE_URL_VARIABLE} must name a PostgreSQL database whose role has CREATEDB, \
-             e.g. postgres://postgres@127.0.0.1:5432/test"
-        )
-    })
-}
-
-async fn admin_sql(sql: String) {
-    let mut connection = PgConnection::connect(&admin_url()).await.expect("connect to the admin database");
-    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut connection).await.expect("admin statement");
-    connection.close().await.expect("close the admin connection");
 }
 
 /// A `--redis-key-prefix` no other run uses: `runlimit-demo-e2e-<test>-<pid>-<ns since epoch>`.
