@@ -39,7 +39,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 // ---------------------------------------------------------------------------------------------
 
 /// Two rules: `client` (5 per hour) and `user` (3 per hour).
-const V1: &str = "\
+pub(crate) const V1: &str = "\
 domain: ops
 descriptors:
   - key: client

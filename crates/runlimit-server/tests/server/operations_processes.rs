@@ -23,24 +23,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::operations::V1;
 use backends::{FILE_SECRET, Files, OwnRedis, ServerProcess, free_port, http_get, http_post};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, rate_limit_response::Code};
 use support::{HOUR, RLS_SERVICE, client, grpc_health, request, views};
 use tonic_health::pb::health_check_response::ServingStatus;
-
-/// Two rules: `client` (5 per hour) and `user` (3 per hour).
-const V1: &str = "\
-domain: ops
-descriptors:
-  - key: client
-    rate_limit:
-      unit: hour
-      requests_per_unit: 5
-  - key: user
-    rate_limit:
-      unit: hour
-      requests_per_unit: 3
-";
 
 /// V1 with `user` at 10 per hour and a third rule, `tenant` (2 per hour).
 const V2: &str = "\
