@@ -1,5 +1,5 @@
 //! The gate's own cost per request, in process (no network, no load client): an axum `Router`
-//! called with `oneshot` on a current-thread Tokio runtime, for three routes answering the same
+//! called with `oneshot` on a current-thread Tokio runtime, for five routes answering the same
 //! 5-byte body.
 //!
 //! ```text
@@ -12,8 +12,10 @@
 //!   values (the response bytes of a gated request, no gate);
 //! - `gate`: the handler behind the GCRA gate keyed by `x-api-key` (one HMAC-SHA-256 per
 //!   request), every request admitted;
+//! - `ungated`: the handler alone;
 //! - `gate_and_fields` (`/gated`): the same gate with `AdmissionFieldsLayer`, which serializes
-//!   the fields from the admission: the crate's ten-line gate.
+//!   the fields from the admission, in one `route_layer`: the crate's ten-line gate;
+//! - `two_layers`: the same layers added with two `route_layer` calls.
 //!
 //! Each iteration builds the request (`GET` with one header), calls the router and drops the
 //! response, as in the `gate` bench's server. criterion reports each; the differences are the
@@ -33,7 +35,13 @@ fn per_request(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a Tokio runtime");
     let app = common::router().expect("the bench router");
     let mut group = c.benchmark_group("per_request");
-    for (route, path) in [("fields", "/fields"), ("gate", "/gate"), ("gate_and_fields", "/gated")] {
+    for (route, path) in [
+        ("ungated", "/ungated"),
+        ("fields", "/fields"),
+        ("gate", "/gate"),
+        ("gate_and_fields", "/gated"),
+        ("two_layers", "/two_layers"),
+    ] {
         group.bench_function(route, |b| {
             b.iter(|| {
                 let request = Request::get(path)

@@ -27,10 +27,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Keyed by the x-api-key header (hashed; a missing or empty header is refused with 400).
     let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), hasher);
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
-    let app = Router::new().route(
-        "/items",
-        get(|| async { "items\n" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate),
-    );
+    // One route layer: the gate first (outermost), then the fields of its admission.
+    let app = Router::new()
+        .route("/items", get(|| async { "items\n" }).route_layer((gate, AdmissionFieldsLayer::new())));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/items", listener.local_addr()?);

@@ -3,6 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use runlimit_core::{Admitted, RateLimitPolicy};
+use smallvec::SmallVec;
 
 /// One layer's admission: the policy it evaluated and the [`Admitted`] outcome (allowed, or
 /// shadow-denied).
@@ -83,7 +84,9 @@ impl fmt::Debug for Admission {
 /// ```
 #[derive(Clone, Default)]
 pub struct Admissions {
-    entries: Vec<Admission>,
+    // Inline up to two admissions (a client gate and an identity gate): the request extension
+    // then holds the whole record in its one allocation.
+    entries: SmallVec<[Admission; 2]>,
 }
 
 impl Admissions {

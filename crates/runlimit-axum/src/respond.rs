@@ -294,9 +294,13 @@ fn names<S: serde::Serializer>(names: &Option<&[PolicyName]>, serializer: S) -> 
 /// code.
 ///
 /// Opt-in, and placed **inside** the gates, next to the handler: it reads the request's
-/// [`Admissions`] extension, which the gates fill before it runs. In axum, add it before the
-/// gates (`post(handler).route_layer(AdmissionFieldsLayer::new()).route_layer(gate)`: the
-/// layer added last runs first). Outside the gates it finds no admissions and adds nothing.
+/// [`Admissions`] extension, which the gates fill before it runs. In axum, give the gate and
+/// this layer to one route layer as a tuple, the gate first:
+/// `post(handler).route_layer((gate, AdmissionFieldsLayer::new()))` (a tuple of layers applies
+/// its first element outermost). Two route layers also work, this one added before the gate
+/// (`post(handler).route_layer(AdmissionFieldsLayer::new()).route_layer(gate)`: the layer added
+/// last runs first), but each route layer costs axum a boxed service and future per request.
+/// Outside the gates it finds no admissions and adds nothing.
 ///
 /// - One item per admission, outermost gate first, named by a [`NamePolicy`]
 ///   ([`policy_id_name`] unless set with [`with_names`](Self::with_names)). An allowed
@@ -372,7 +376,9 @@ where
                 }
             }
         }
-        AdmissionFieldsFuture { inner: self.inner.call(request), fields }
+        // Serialized now, so the future holds the two values, not the items.
+        let values = fields.policy_value().zip(fields.service_limit_value());
+        AdmissionFieldsFuture { inner: self.inner.call(request), values }
     }
 }
 
@@ -381,7 +387,8 @@ pin_project! {
     pub struct AdmissionFieldsFuture<F> {
         #[pin]
         inner: F,
-        fields: RateLimitFields,
+        // `RateLimit-Policy` and `RateLimit`; `None` when no admission was disclosed.
+        values: Option<(HeaderValue, HeaderValue)>,
     }
 }
 
@@ -395,8 +402,12 @@ where
         let this = self.project();
         let mut response = ready!(this.inner.poll(cx))?;
         let headers = response.headers_mut();
-        if !headers.contains_key(RATELIMIT) && !headers.contains_key(RATELIMIT_POLICY) {
-            this.fields.insert_into(headers);
+        if let Some((policy, limit)) = this.values.take()
+            && !headers.contains_key(RATELIMIT)
+            && !headers.contains_key(RATELIMIT_POLICY)
+        {
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, limit);
         }
         Poll::Ready(Ok(response))
     }
@@ -404,6 +415,6 @@ where
 
 impl<F> fmt::Debug for AdmissionFieldsFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdmissionFieldsFuture").field("fields", &self.fields).finish_non_exhaustive()
+        f.debug_struct("AdmissionFieldsFuture").field("values", &self.values).finish_non_exhaustive()
     }
 }

@@ -8,7 +8,10 @@
 //! - `/gate`: the handler behind a `RateLimitLayer` over a `runlimit_memory::GcraStore` (10,000
 //!   keys), keyed by the `x-api-key` header with `HeaderKey` (one HMAC-SHA-256 per request),
 //!   mapped by `ProblemRejections`;
-//! - `/gated`: the same gate with `AdmissionFieldsLayer`: the crate's ten-line gate.
+//! - `/gated`: the same gate with `AdmissionFieldsLayer`, both in one `route_layer`: the crate's
+//!   ten-line gate;
+//! - `/two_layers`: the same two layers added by two `route_layer` calls (fields first, then
+//!   the gate), which costs axum a boxed service and future more per request.
 //!
 //! The policy admits everything (1,000,000,000 per hour, a burst as large), so every response
 //! is `200`.
@@ -41,8 +44,9 @@ pub(crate) fn router() -> Result<Router, Box<dyn std::error::Error>> {
         .route("/ungated", get(|| async { "items" }))
         .route("/fields", get(move || async move { (fields, "items") }))
         .route("/gate", get(|| async { "items" }).route_layer(gate.clone()))
+        .route("/gated", get(|| async { "items" }).route_layer((gate.clone(), AdmissionFieldsLayer::new())))
         .route(
-            "/gated",
+            "/two_layers",
             get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate),
         ))
 }

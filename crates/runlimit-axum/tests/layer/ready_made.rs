@@ -53,10 +53,9 @@ async fn a_complete_route_in_ten_lines_answers_200_with_fields_then_a_standard_4
     let hasher = KeyHasher::new(b"replace with 32+ bytes from your secret store")?;
     let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), hasher);
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
-    let app = Router::new().route(
-        "/items",
-        get(|| async { "items" }).route_layer(AdmissionFieldsLayer::new()).route_layer(gate),
-    );
+    // One route layer: the gate first (outermost), then the fields of its admission.
+    let app = Router::new()
+        .route("/items", get(|| async { "items" }).route_layer((gate, AdmissionFieldsLayer::new())));
     // -----------------------------------------------------------------------------------------
     let url = format!("http://{}/items", serve(app).await);
 

@@ -2,6 +2,7 @@
 
 use http::{HeaderMap, HeaderValue};
 use runlimit_core::RateLimitPolicy;
+use smallvec::SmallVec;
 
 use super::{
     RATELIMIT, RATELIMIT_POLICY,
@@ -86,8 +87,10 @@ impl From<ServiceLimitError> for RateLimitFieldsError {
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RateLimitFields {
-    policies: Vec<QuotaPolicy>,
-    limits: Vec<ServiceLimit>,
+    // Inline up to two items each (a gate and perhaps a second one): no allocation per request
+    // for the common stacks.
+    policies: SmallVec<[QuotaPolicy; 2]>,
+    limits: SmallVec<[ServiceLimit; 2]>,
 }
 
 impl RateLimitFields {

@@ -111,7 +111,7 @@ impl QuotaPolicy {
         self.window_seconds.get()
     }
 
-    fn write(&self, out: &mut String) {
+    fn write(&self, out: &mut sf::Buffer) {
         sf::write_item(
             out,
             self.name.as_str(),
@@ -125,9 +125,9 @@ impl QuotaPolicy {
 /// Infallible: the item was validated by [`QuotaPolicy::from_policy`].
 #[must_use]
 pub fn quota_policy(item: &QuotaPolicy) -> HeaderValue {
-    let mut out = String::with_capacity(64);
+    let mut out = sf::buffer();
     item.write(&mut out);
-    sf::header_value(out)
+    sf::header_value(&out)
 }
 
 /// The `RateLimit-Policy` value for several items, in order, joined by `", "`

@@ -190,7 +190,7 @@ impl ServiceLimit {
         self.window_seconds.get()
     }
 
-    fn write(&self, out: &mut String) {
+    fn write(&self, out: &mut sf::Buffer) {
         write(out, &self.name, self.available, self.window_seconds);
     }
 }
@@ -205,7 +205,7 @@ fn validate(state: QuotaState) -> Result<(SfInteger, SfInteger), ServiceLimitErr
     Ok((available, window_seconds))
 }
 
-fn write(out: &mut String, name: &PolicyName, available: SfInteger, window_seconds: SfInteger) {
+fn write(out: &mut sf::Buffer, name: &PolicyName, available: SfInteger, window_seconds: SfInteger) {
     sf::write_item(out, name.as_str(), [(Key::Remaining, available), (Key::EffectiveWindow, window_seconds)]);
 }
 
@@ -237,9 +237,9 @@ pub fn service_limit(
     state: impl Into<QuotaState>,
 ) -> Result<HeaderValue, ServiceLimitError> {
     let (available, window_seconds) = validate(state.into())?;
-    let mut out = String::with_capacity(64);
+    let mut out = sf::buffer();
     write(&mut out, name, available, window_seconds);
-    Ok(sf::header_value(out))
+    Ok(sf::header_value(&out))
 }
 
 /// The `RateLimit` value for several items, in order, joined by `", "` (RFC 9651 §4.1.1).

@@ -42,14 +42,24 @@ pub(super) enum Key {
 }
 
 impl Key {
-    const fn as_str(self) -> &'static str {
+    const fn as_byte(self) -> u8 {
         match self {
-            Self::Quota => "q",
-            Self::Window => "w",
-            Self::Remaining => "r",
-            Self::EffectiveWindow => "t",
+            Self::Quota => b'q',
+            Self::Window => b'w',
+            Self::Remaining => b'r',
+            Self::EffectiveWindow => b't',
         }
     }
+}
+
+/// The serializer's output buffer: on the stack up to 128 bytes (two typical items), on the heap
+/// beyond. A field value is then copied once into an allocation of its exact length, the
+/// value's own (see [`header_value`]).
+pub(super) type Buffer = smallvec::SmallVec<[u8; 128]>;
+
+/// A fresh [`Buffer`].
+pub(super) fn buffer() -> Buffer {
+    Buffer::new()
 }
 
 /// Writes one list member: `"name";k1=v1;k2=v2`.
@@ -57,20 +67,24 @@ impl Key {
 /// `name` must already satisfy RFC 9651 §3.3.3 (only %x20–%x7E), which
 /// [`PolicyName::new`](super::PolicyName::new) guarantees. `"` and `\` are escaped with a
 /// preceding `\` (§4.1.6); nothing else is.
-pub(super) fn write_item(out: &mut String, name: &str, parameters: [(Key, SfInteger); 2]) {
-    out.push('"');
-    for character in name.chars() {
-        if matches!(character, '"' | '\\') {
-            out.push('\\');
+pub(super) fn write_item(out: &mut Buffer, name: &str, parameters: [(Key, SfInteger); 2]) {
+    let name = name.as_bytes();
+    out.push(b'"');
+    if name.iter().any(|byte| matches!(byte, b'"' | b'\\')) {
+        for &byte in name {
+            if matches!(byte, b'"' | b'\\') {
+                out.push(b'\\');
+            }
+            out.push(byte);
         }
-        out.push(character);
+    } else {
+        // The common case, copied whole.
+        out.extend_from_slice(name);
     }
-    out.push('"');
+    out.push(b'"');
     for (key, value) in parameters {
-        out.push(';');
-        out.push_str(key.as_str());
-        out.push('=');
-        out.push_str(itoa::Buffer::new().format(value.get()));
+        out.extend_from_slice(&[b';', key.as_byte(), b'=']);
+        out.extend_from_slice(itoa::Buffer::new().format(value.get()).as_bytes());
     }
 }
 
@@ -78,34 +92,30 @@ pub(super) fn write_item(out: &mut String, name: &str, parameters: [(Key, SfInte
 /// not serialized; D11 §3 and §4 require non-empty fields).
 pub(super) fn list<'a, T: 'a>(
     members: impl IntoIterator<Item = &'a T>,
-    mut write: impl FnMut(&mut String, &T),
+    mut write: impl FnMut(&mut Buffer, &T),
 ) -> Option<HeaderValue> {
-    // Room for one typical item (`"name";q=1000;w=3600`), so one allocation usually suffices.
-    let mut out = String::with_capacity(64);
+    let mut out = buffer();
     for (index, member) in members.into_iter().enumerate() {
         if index > 0 {
             // RFC 9651 §4.1.1: "," followed by a single SP.
-            out.push_str(", ");
+            out.extend_from_slice(b", ");
         }
         write(&mut out, member);
     }
     if out.is_empty() {
         return None;
     }
-    Some(header_value(out))
+    Some(header_value(&out))
 }
 
-/// Converts serializer output into a header value.
+/// Converts serializer output into a header value: one allocation, of the value's exact
+/// length (`HeaderValue::from_bytes` copies into a `Bytes` of that length).
 ///
 /// The serializer writes only bytes in %x20–%x7E (a validated name, `"`, `\`, `;`, `=`, `,`,
 /// SP and ASCII digits), every one of which [`HeaderValue`] accepts (RFC 9110 §5.5
 /// field-vchar and SP), so the conversion cannot fail; the proptests check it for arbitrary
 /// valid inputs. Rather than panic in a response path should that ever change, the fallback
 /// is an empty value, which a client must ignore as malformed (D11 §3, §4; RFC 9651 §4.2).
-///
-/// The serializer's buffer becomes the value's without a copy (`HeaderValue::from_str` would
-/// copy it into a new allocation).
-pub(super) fn header_value(serialized: String) -> HeaderValue {
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(serialized.into_bytes()))
-        .unwrap_or_else(|_| HeaderValue::from_static(""))
+pub(super) fn header_value(serialized: &[u8]) -> HeaderValue {
+    HeaderValue::from_bytes(serialized).unwrap_or_else(|_| HeaderValue::from_static(""))
 }

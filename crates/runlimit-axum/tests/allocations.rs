@@ -1,0 +1,91 @@
+//! Heap allocations per admitted request, counted by dhat's global allocator: what the gate
+//! (`RateLimitLayer`) and the fields layer (`AdmissionFieldsLayer`) add to a handler's own.
+//!
+//! Its own test binary (one global allocator, one profiler at a time) and one test, so the count
+//! is never shared with another test's thread. The services are plain Tower stacks over a
+//! `service_fn` handler (no router, no server), each request built before counting starts;
+//! the counts are exact, so a change that adds an allocation to either layer's path fails here.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use http::{
+    HeaderValue, Request, Response,
+    header::{CONTENT_TYPE, HeaderName},
+};
+use runlimit_axum::{AdmissionFieldsLayer, HeaderKey, ProblemRejections, RateLimitLayer};
+use runlimit_core::{GcraPolicy, KeyHasher, PolicyId, ScopeId};
+use runlimit_memory::{GcraStore, MemoryStoreConfig};
+use tower::{Layer, Service, ServiceExt as _, service_fn};
+
+#[global_allocator]
+static ALLOCATOR: dhat::Alloc = dhat::Alloc;
+
+/// Requests per measurement; every count below is per request, exactly.
+const REQUESTS: u64 = 64;
+
+/// The handler: an empty body (no allocation) and one header, as a framework's would have (`content-type`), so
+/// the map the fields are inserted into exists, with room for them.
+async fn handler(_request: Request<()>) -> Result<Response<String>, Infallible> {
+    let mut response = Response::new(String::new());
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    Ok(response)
+}
+
+fn request() -> Request<()> {
+    Request::get("/items").header("x-api-key", "client-1").body(()).unwrap()
+}
+
+/// Heap blocks allocated per request by `service` (each request built beforehand), after one
+/// warm-up request; also checks every response carried `fields` (`RateLimit` present or not).
+fn allocations_per_request<S>(runtime: &tokio::runtime::Runtime, mut service: S, fields: bool) -> u64
+where
+    S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
+{
+    let mut run = |requests: Vec<Request<()>>| {
+        for request in requests {
+            let response = runtime.block_on(async { service.ready().await?.call(request).await }).unwrap();
+            assert_eq!(response.headers().contains_key("ratelimit"), fields);
+        }
+    };
+    run(vec![request()]);
+    let requests = (0..REQUESTS).map(|_| request()).collect();
+    let before = dhat::HeapStats::get().total_blocks;
+    run(requests);
+    let blocks = dhat::HeapStats::get().total_blocks - before;
+    assert_eq!(blocks % REQUESTS, 0, "{blocks} blocks over {REQUESTS} requests");
+    blocks / REQUESTS
+}
+
+#[test]
+fn a_gate_adds_four_allocations_to_a_fresh_request_and_its_fields_two() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let store = Arc::new(GcraStore::new(MemoryStoreConfig::new(1_000).unwrap()));
+    let policy = GcraPolicy::new(
+        PolicyId::new("items").unwrap(),
+        ScopeId::new("api-key").unwrap(),
+        1_000_000,
+        Duration::from_secs(3_600),
+        1_000_000,
+    )
+    .unwrap();
+    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(&[7; 32]).unwrap());
+    let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
+
+    let alone = allocations_per_request(&runtime, service_fn(handler), false);
+    let gated = allocations_per_request(&runtime, gate.layer(service_fn(handler)), false);
+    let with_fields = allocations_per_request(
+        &runtime,
+        (gate.clone(), AdmissionFieldsLayer::new()).layer(service_fn(handler)),
+        true,
+    );
+    // The handler's own: its response's header map.
+    assert_eq!(alone, 2);
+    // The gate: the boxed check future, and the request's extensions (a fresh request has
+    // none: the map's box and its table) holding the `Admissions` record (one box, the record
+    // inline). Under a router that already put an extension on the request, two.
+    assert_eq!(gated - alone, 4);
+    // The fields layer: the two field values, nothing else (the items are kept inline and the
+    // name shares the policy identifier's text).
+    assert_eq!(with_fields - gated, 2);
+}
