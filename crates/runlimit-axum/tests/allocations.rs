@@ -35,9 +35,25 @@ fn request() -> Request<()> {
     Request::get("/items").header("x-api-key", "client-1").body(()).unwrap()
 }
 
+/// An extension a router would have put on the request before the gate (axum: the path
+/// parameters).
+#[derive(Clone)]
+struct RouterExtension;
+
+fn routed_request() -> Request<()> {
+    let mut request = request();
+    request.extensions_mut().insert(RouterExtension);
+    request
+}
+
 /// Heap blocks allocated per request by `service` (each request built beforehand), after one
 /// warm-up request; also checks every response carried `fields` (`RateLimit` present or not).
-fn allocations_per_request<S>(runtime: &tokio::runtime::Runtime, mut service: S, fields: bool) -> u64
+fn allocations_per_request<S>(
+    runtime: &tokio::runtime::Runtime,
+    mut service: S,
+    request: fn() -> Request<()>,
+    fields: bool,
+) -> u64
 where
     S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
 {
@@ -57,7 +73,7 @@ where
 }
 
 #[test]
-fn a_gate_adds_four_allocations_to_a_fresh_request_and_its_fields_two() {
+fn a_gate_adds_two_allocations_to_a_routed_request_four_to_a_fresh_one_and_its_fields_two() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let store = Arc::new(GcraStore::new(MemoryStoreConfig::new(1_000).unwrap()));
@@ -72,19 +88,26 @@ fn a_gate_adds_four_allocations_to_a_fresh_request_and_its_fields_two() {
     let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), KeyHasher::new(&[7; 32]).unwrap());
     let gate = RateLimitLayer::new(store, policy, api_key, ProblemRejections::new());
 
-    let alone = allocations_per_request(&runtime, service_fn(handler), false);
-    let gated = allocations_per_request(&runtime, gate.layer(service_fn(handler)), false);
+    let fresh = request;
+    let alone = allocations_per_request(&runtime, service_fn(handler), fresh, false);
+    let gated = allocations_per_request(&runtime, gate.layer(service_fn(handler)), fresh, false);
     let with_fields = allocations_per_request(
         &runtime,
         (gate.clone(), AdmissionFieldsLayer::new()).layer(service_fn(handler)),
+        fresh,
         true,
     );
+    let routed_alone = allocations_per_request(&runtime, service_fn(handler), routed_request, false);
+    let routed_gated =
+        allocations_per_request(&runtime, gate.layer(service_fn(handler)), routed_request, false);
     // The handler's own: its response's header map.
     assert_eq!(alone, 2);
     // The gate: the boxed check future, and the request's extensions (a fresh request has
     // none: the map's box and its table) holding the `Admissions` record (one box, the record
-    // inline). Under a router that already put an extension on the request, two.
+    // inline).
     assert_eq!(gated - alone, 4);
+    // Under a router that already put an extension on the request: the future and the record.
+    assert_eq!(routed_gated - routed_alone, 2);
     // The fields layer: the two field values, nothing else (the items are kept inline and the
     // name shares the policy identifier's text).
     assert_eq!(with_fields - gated, 2);
