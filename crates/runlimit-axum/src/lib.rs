@@ -324,7 +324,7 @@
 //! are kept inline). A request that had no extension yet also gets the extension map itself
 //! (two more: its box and its table); under axum's router it already has one. Rejections by the
 //! extractor, and of an impossible cost, allocate nothing before the mapper runs.
-//! [`AdmissionFieldsLayer`] adds one allocation per field value (two), nothing else. The crate's
+//! [`AdmissionFieldsLayer`] adds three: the gate's name and the two field values. The crate's
 //! `tests/allocations.rs` counts these exactly.
 //!
 //! In axum, each `route_layer` call also costs a boxed service clone and a boxed future per

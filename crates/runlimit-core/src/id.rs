@@ -57,7 +57,7 @@ macro_rules! identifier {
     ($(#[$meta:meta])* $name:ident, $kind:literal) => {
         $(#[$meta])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub struct $name(std::sync::Arc<str>);
+        pub struct $name(Box<str>);
 
         impl $name {
             #[doc = concat!("Validates and wraps a ", $kind, ".")]
@@ -92,14 +92,6 @@ macro_rules! identifier {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
-            }
-        }
-
-        impl From<&$name> for std::sync::Arc<str> {
-            /// The identifier's text, sharing the identifier's own allocation: a reference
-            /// count increment, no copy (an identifier is immutable once validated).
-            fn from(id: &$name) -> Self {
-                std::sync::Arc::clone(&id.0)
             }
         }
 

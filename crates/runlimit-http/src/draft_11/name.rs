@@ -95,9 +95,8 @@ impl PolicyName {
 impl From<&PolicyId> for PolicyName {
     /// Uses the policy identifier as the name. Infallible: a [`PolicyId`] holds 1 to 64
     /// bytes of ASCII letters, digits, `.`, `_`, `-` and `:`, all valid sf-string characters.
-    /// The name shares the identifier's text (no copy, no allocation).
     fn from(id: &PolicyId) -> Self {
-        Self(std::sync::Arc::from(id))
+        Self(id.as_str().into())
     }
 }
 
