@@ -17,6 +17,9 @@
 //!   the fields from the admission, in one `route_layer`: the crate's ten-line gate;
 //! - `two_layers`: the same layers added with two `route_layer` calls.
 //!
+//! It first prints the size of the futures the gate and the fields layer add to a `/gated`
+//! request.
+//!
 //! Each iteration builds the request (`GET` with one header), calls the router and drops the
 //! response, as in the `gate` bench's server. criterion reports each; the differences are the
 //! gate's and the fields layer's costs, which the wrk bench (`--bench gate`) measures together
@@ -31,7 +34,24 @@ use tower::ServiceExt as _;
 
 mod common;
 
+/// Prints the size of the futures the layers add to each request of `/gated`: the gate's over
+/// the fields layer's, which holds the route's.
+fn future_sizes() {
+    use std::{convert::Infallible, mem::size_of};
+    type Fields = runlimit_axum::AdmissionFieldsFuture<axum::routing::future::RouteFuture<Infallible>>;
+    type Gate = runlimit_axum::ResponseFuture<runlimit_axum::AdmissionFields<axum::routing::Route>, Body>;
+    println!(
+        "per request of /gated: the gate's future {} bytes (it holds the fields layer's service and the \
+         request while the check runs, then the fields layer's future), the fields layer's {} bytes \
+         (axum's route future {} bytes and the two field values)",
+        size_of::<Gate>(),
+        size_of::<Fields>(),
+        size_of::<axum::routing::future::RouteFuture<Infallible>>(),
+    );
+}
+
 fn per_request(c: &mut Criterion) {
+    future_sizes();
     let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a Tokio runtime");
     let app = common::router().expect("the bench router");
     let mut group = c.benchmark_group("per_request");
