@@ -162,14 +162,17 @@ impl<P: RedisAlgorithm, O> RedisStore<P, O> {
 /// The shards a batch touches, in first-appearance order, with their check counts, and each
 /// check's position among them.
 struct Shards {
-    touched: Vec<(u8, u64)>,
-    position: Vec<usize>,
+    touched: PerCheck<(u8, u64)>,
+    position: PerCheck<usize>,
 }
+
+/// An admission's per-check (or per-shard) values, inline for up to four.
+pub(crate) type PerCheck<T> = smallvec::SmallVec<[T; 4]>;
 
 impl Shards {
     fn of(places: &[Place]) -> Self {
-        let mut touched: Vec<(u8, u64)> = Vec::new();
-        let mut position = Vec::with_capacity(places.len());
+        let mut touched = PerCheck::new();
+        let mut position = PerCheck::with_capacity(places.len());
         for place in places {
             let at = match touched.iter().position(|(shard, _)| *shard == place.shard) {
                 Some(at) => at,
@@ -208,13 +211,13 @@ struct ShardReply {
 struct Reply<'a> {
     now: u64,
     written: bool,
-    members: Vec<MemberReply<'a>>,
-    shards: Vec<ShardReply>,
+    members: PerCheck<MemberReply<'a>>,
+    shards: PerCheck<ShardReply>,
 }
 
 /// What an admission produced, before observation.
 pub(crate) enum Evaluated {
-    Allowed(Vec<Allowance>),
+    Allowed(PerCheck<Allowance>),
     Denied { denial: BatchDenial, storage_retry_after: Option<Delay> },
 }
 
@@ -323,8 +326,12 @@ impl<'a> Reply<'a> {
         let written = fields.next().and_then(flag_field);
         let malformed = Err(written != Some(false));
         let (Some(now), Some(written)) = (now, written) else { return malformed };
-        let mut decoded =
-            Self { now, written, members: Vec::with_capacity(members), shards: Vec::with_capacity(shards) };
+        let mut decoded = Self {
+            now,
+            written,
+            members: PerCheck::with_capacity(members),
+            shards: PerCheck::with_capacity(shards),
+        };
         for _ in 0..members {
             let (Some(state), Some(present), Some(allowed), Some(next)) = (
                 fields.next(),
@@ -482,7 +489,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
         let settings = &self.settings;
         let config = &settings.config;
         let layout = &settings.layout;
-        let places: Vec<Place> = checks.iter().map(Place::of).collect();
+        let places: PerCheck<Place> = checks.iter().map(Place::of).collect();
         let shards = Shards::of(&places);
         // The layout of admit.lua: KEYS are each shard's hash and index, then each check's
         // expiry set; ARGV is each check's member and rule arguments, then the plan.
@@ -584,7 +591,7 @@ impl<P: RedisAlgorithm, O: Observer> RedisStore<P, O> {
 
     /// The structural checks of a batch's placement, before any I/O.
     fn place_batch(&self, checks: &[Check<'_, P>]) -> Result<(), BatchCheckError> {
-        let places: Vec<Place> = checks.iter().map(Place::of).collect();
+        let places: PerCheck<Place> = checks.iter().map(Place::of).collect();
         if self.settings.config.placement() == Placement::PerShard
             && let Some(first) = places.first()
             && let Some(other) = places.iter().find(|place| place.shard != first.shard)
@@ -764,10 +771,10 @@ fn decide<P: RedisAlgorithm>(
     let disagree = |reason| CheckError::MalformedReply { reason, consumption: consumption(reply.written) };
     let now = reply.now;
     let mut precedence = Precedence::new(mode);
-    let mut allowances = Vec::with_capacity(checks.len());
-    let mut new_keys = vec![0u64; shards.touched.len()];
+    let mut allowances = PerCheck::with_capacity(checks.len());
+    let mut new_keys: PerCheck<u64> = smallvec::smallvec![0; shards.touched.len()];
     // Each shard's entries before this admission's inserts (after its cleanup).
-    let before: Vec<u64> = (0..shards.touched.len())
+    let before: PerCheck<u64> = (0..shards.touched.len())
         .zip(&reply.shards)
         .map(|(position, shard)| {
             let inserted = if reply.written { inserted(shards, position, reply) } else { 0 };
