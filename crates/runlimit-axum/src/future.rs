@@ -15,8 +15,8 @@ use tower_service::Service;
 use crate::{admission::Admission, service::record};
 
 /// The limiter check, boxed: its type is the backend's unnameable `impl Future`, and it
-/// borrows the policy it binds the key to, so it owns its `Arc` of the layer state. This is
-/// the one allocation per checked request.
+/// borrows the policy it binds the key to, so it owns its `Arc` of the layer state. One of the
+/// gate's allocations per checked request (see the crate documentation's "Cost").
 pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = Result<Admission, R>> + Send>>;
 
 pin_project! {

@@ -157,7 +157,8 @@
 //!
 //! Each layer is one gate with one policy; stack layers for several gates. In axum, the
 //! layer added *last* runs *first* (`.layer(a).layer(b)` runs `b`, then `a`); in a
-//! `tower::ServiceBuilder`, the layer added *first* runs first. Put the cheap,
+//! `tower::ServiceBuilder`, the layer added *first* runs first, and in a tuple of layers
+//! (`.route_layer((a, b))`) the *first* element runs first. Put the cheap,
 //! hard-bounded per-client memory gate outermost, so it protects body parsing and database
 //! capacity, and the shared per-identity gate inside it. An outer gate that denies stops the
 //! request before any inner gate is checked or consumes anything.
@@ -322,13 +323,16 @@
 //! `impl Future` that borrows the layer's policy, so it is boxed with the layer state it
 //! borrows) and the request extension holding [`Admissions`] (one box; up to two admissions
 //! are kept inline). A request that had no extension yet also gets the extension map itself
-//! (two more: its box and its table); under axum's router it already has one. Rejections by the
-//! extractor, and of an impossible cost, allocate nothing before the mapper runs.
-//! [`AdmissionFieldsLayer`] adds three: the gate's name and the two field values. The crate's
-//! `tests/allocations.rs` counts these exactly.
+//! (two more: its box and its table); under axum's router it already has one. The record adds a
+//! third allocation when the map's table must grow: with axum's default features
+//! (`matched-path`, `original-uri`) a routed request already carries three extensions, so the
+//! gate allocates three times there. Rejections by the extractor, and of an impossible cost,
+//! allocate nothing before the mapper runs. [`AdmissionFieldsLayer`] adds three: the gate's
+//! name and the two field values. The crate's `tests/allocations.rs` counts these exactly.
 //!
-//! In axum, each `route_layer` call also costs a boxed service clone and a boxed future per
-//! request: give a gate and its fields layer to one call as a tuple,
+//! In axum, each `route_layer` call costs allocations of axum's own per request (boxed
+//! services and futures: in the crate's bench router, two calls take six more per request than
+//! one): give a gate and its fields layer to one call as a tuple,
 //! `route_layer((gate, AdmissionFieldsLayer::new()))`, as the ten-line gate above does.
 //!
 //! # Feature flags

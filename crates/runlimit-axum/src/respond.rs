@@ -299,7 +299,7 @@ fn names<S: serde::Serializer>(names: &Option<&[PolicyName]>, serializer: S) -> 
 /// `post(handler).route_layer((gate, AdmissionFieldsLayer::new()))` (a tuple of layers applies
 /// its first element outermost). Two route layers also work, this one added before the gate
 /// (`post(handler).route_layer(AdmissionFieldsLayer::new()).route_layer(gate)`: the layer added
-/// last runs first), but each route layer costs axum a boxed service and future per request.
+/// last runs first), but each route layer costs axum allocations of its own per request.
 /// Outside the gates it finds no admissions and adds nothing.
 ///
 /// - One item per admission, outermost gate first, named by a [`NamePolicy`]
@@ -377,7 +377,7 @@ where
             }
         }
         // Serialized now, so the future holds the two values, not the items.
-        let values = fields.policy_value().zip(fields.service_limit_value());
+        let values = fields.values();
         AdmissionFieldsFuture { inner: self.inner.call(request), values }
     }
 }

@@ -322,6 +322,9 @@ fn gcra_policy_advertises_quota_per_period_and_full_replenishment() {
     fields.push(PolicyName::from(policy.id()), &policy, state).unwrap();
     assert_eq!(fields.policy_value().unwrap(), r#""api.read";q=10;w=1"#);
     assert_eq!(fields.service_limit_value().unwrap(), r#""api.read";r=15;t=1"#);
+    let (policy_value, limit_value) = fields.values().unwrap();
+    assert_eq!(policy_value, r#""api.read";q=10;w=1"#);
+    assert_eq!(limit_value, r#""api.read";r=15;t=1"#);
     // r may exceed q: a rested subject holds the full burst capacity.
     let rested = Allowance::new(policy.capacity(), 19, Delay::from_millis(100)).unwrap();
     assert_eq!(service_limit(&name("api.read"), rested).unwrap(), r#""api.read";r=19;t=1"#);
@@ -337,6 +340,7 @@ fn empty_lists_are_not_fields() {
     let fields = RateLimitFields::new();
     assert!(fields.is_empty());
     assert_eq!(fields.policy_value(), None);
+    assert_eq!(fields.values(), None);
     let mut headers = HeaderMap::new();
     fields.insert_into(&mut headers);
     assert!(headers.is_empty());

@@ -233,7 +233,14 @@ async fn admitted_fields_list_every_gate_outermost_first_and_respect_the_handler
                     ProblemRejections::new(),
                 )),
         )
-        .route("/own", get(handler_with_own_fields).route_layer(AdmissionFieldsLayer::new()));
+        .route("/own", get(handler_with_own_fields).route_layer(AdmissionFieldsLayer::new()))
+        .route(
+            "/own_gated",
+            get(handler_with_own_fields).route_layer((
+                RateLimitLayer::new(Arc::clone(&store), policy(3), everyone, ProblemRejections::new()),
+                AdmissionFieldsLayer::new(),
+            )),
+        );
     let url = serve(app).await;
 
     let (first, _) = get_text(&format!("http://{url}/items"), None).await;
@@ -245,6 +252,12 @@ async fn admitted_fields_list_every_gate_outermost_first_and_respect_the_handler
     let (own, _) = get_text(&format!("http://{url}/own"), None).await;
     assert_eq!(own.headers()["ratelimit"], "\"mine\";r=1;t=1");
     assert!(own.headers().get("ratelimit-policy").is_none());
+    // Behind a gate that admitted it too: neither field is added or replaced, although the
+    // handler set only one of them.
+    let (own_gated, _) = get_text(&format!("http://{url}/own_gated"), None).await;
+    assert_eq!(own_gated.status(), StatusCode::OK);
+    assert_eq!(own_gated.headers().get_all("ratelimit").iter().collect::<Vec<_>>(), ["\"mine\";r=1;t=1"]);
+    assert!(own_gated.headers().get("ratelimit-policy").is_none());
 }
 
 /// `HeaderKey` keys by the header's bytes under the layer's policy, as the closure recipe does,

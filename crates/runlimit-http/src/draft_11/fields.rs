@@ -156,12 +156,19 @@ impl RateLimitFields {
         service_limits(&self.limits)
     }
 
+    /// Both values, `RateLimit-Policy` first: `Some` of both or, when nothing was pushed,
+    /// `None` (an empty list is not a field).
+    #[must_use]
+    pub fn values(&self) -> Option<(HeaderValue, HeaderValue)> {
+        self.policy_value().zip(self.service_limit_value())
+    }
+
     /// Inserts [`RATELIMIT_POLICY`] and [`RATELIMIT`] into `headers`, replacing any
     /// existing lines of those fields. Does nothing when empty (an empty list is not a
     /// field). Touches no other header: `Retry-After`, status and body stay the
     /// application's.
     pub fn insert_into(&self, headers: &mut HeaderMap) {
-        if let (Some(policy), Some(limit)) = (self.policy_value(), self.service_limit_value()) {
+        if let Some((policy, limit)) = self.values() {
             headers.insert(RATELIMIT_POLICY, policy);
             headers.insert(RATELIMIT, limit);
         }

@@ -172,7 +172,7 @@ fn draft_11(outcomes: &[Outcome<'_>], over_limit: bool) -> Vec<HeaderValue> {
         }
     }
     let mut headers = Vec::new();
-    if let (Some(policy), Some(limit)) = (fields.policy_value(), fields.service_limit_value())
+    if let Some((policy, limit)) = fields.values()
         && let (Ok(policy), Ok(limit)) = (policy.to_str(), limit.to_str())
     {
         headers.push(header("RateLimit-Policy", policy.to_owned()));
