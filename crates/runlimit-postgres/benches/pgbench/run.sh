@@ -25,6 +25,11 @@
 #                             EXECUTE of the prepared settings, ledger lock and read, then
 #                             EXECUTE of the prepared write and COMMIT (the arrival time written
 #                             is the clock, not a GCRA decision: the server does the same work)
+#   gcra_table_floor.sql      the floor's transaction on the GCRA table itself: BEGIN (with the
+#                             isolation level and access mode every admission sets), one UPDATE
+#                             of a stored row's arrival time and expiry (not HOT: the expiry is
+#                             indexed, as an admission's update is) returning it, then COMMIT;
+#                             what the table's shape costs before any protocol
 #   previous_check.sql        what PostgresLimiter::check sent in earlier releases
 #   simplified_check.sql      the previous phases as plain single-table statements
 # Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
@@ -83,7 +88,7 @@ with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepa
 with_prepare "$here/gcra_check_batch_statements.sql" "$sql/settings_prepare.sql" \
   "$sql/gcra_prepare_lock_one.sql" "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" \
   > "$gcra_batch_script"
-scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_check gcra_check_batch_statements previous_check simplified_check}"
+scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_table_floor gcra_check gcra_check_batch_statements previous_check simplified_check}"
 clients="${RUNLIMIT_PGBENCH_CLIENTS:-8}"
 seconds="${RUNLIMIT_PGBENCH_SECONDS:-4}"
 for round in 1 2 3; do
