@@ -343,30 +343,23 @@ impl Engine {
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        // The duplicate-key rule is left to each path: `check_small` compares the stored keys it
-        // derives anyway (see `batch::validate_shape`).
-        let mode =
-            batch::validate_shape(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        // Up to `INLINE` checks, the duplicate-key rule is left to `check_small`, which compares
+        // the stored keys it derives anyway (see `batch::validate_shape`); larger batches take
+        // the full rule here.
+        let maximum = self.config.maximum_batch_size();
+        let validated = if checks.len() <= INLINE {
+            batch::validate_shape(checks, maximum)
+        } else {
+            batch::validate(checks, maximum)
+        };
+        let mode = validated.map_err(Failure::Invalid)?;
         match checks.len() {
             1 => self.check_small::<A, 1>(checks, mode, clock_now, timed),
             2 => self.check_small::<A, 2>(checks, mode, clock_now, timed),
             3 => self.check_small::<A, 3>(checks, mode, clock_now, timed),
             4 => self.check_small::<A, 4>(checks, mode, clock_now, timed),
-            _ => self.check_validated_across_shards::<A>(checks, mode, clock_now, timed),
+            _ => self.check_all_across_shards::<A>(checks, mode, clock_now, timed),
         }
-    }
-
-    /// [`check_all_across_shards`](Self::check_all_across_shards) after the duplicate-key rule
-    /// of [`batch::validate`] (the other rules passed [`batch::validate_shape`]).
-    fn check_validated_across_shards<A: Algorithm>(
-        &self,
-        checks: &[Check<'_, A>],
-        mode: QuotaMode,
-        clock_now: u64,
-        timed: bool,
-    ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
-        self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
     }
 
     /// A batch of `N` checks (1 to [`INLINE`]) whose keys live on one or two shards: the
@@ -390,7 +383,8 @@ impl Engine {
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
         let Ok(checks) = <&[Check<'_, A>; N]>::try_from(checks) else {
-            return self.check_validated_across_shards::<A>(checks, mode, clock_now, timed);
+            batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+            return self.check_all_across_shards::<A>(checks, mode, clock_now, timed);
         };
         let batch_size = N;
         let shard_count = self.shards.len();
@@ -670,9 +664,8 @@ impl Engine {
         clock_now: u64,
         timed: bool,
     ) -> Result<Report<BatchDecision>, Failure<A::Error>> {
-        let mode =
-            batch::validate_shape(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
-        self.check_validated_across_shards::<A>(checks, mode, clock_now, timed)
+        let mode = batch::validate(checks, self.config.maximum_batch_size()).map_err(Failure::Invalid)?;
+        self.check_all_across_shards::<A>(checks, mode, clock_now, timed)
     }
 
     /// Empties every poisoned shard and clears its poison; returns how many were recovered.
