@@ -125,7 +125,7 @@ impl QuotaPolicy {
 /// Infallible: the item was validated by [`QuotaPolicy::from_policy`].
 #[must_use]
 pub fn quota_policy(item: &QuotaPolicy) -> HeaderValue {
-    let mut out = sf::buffer();
+    let mut out = sf::Buffer::new();
     item.write(&mut out);
     sf::header_value(&out)
 }

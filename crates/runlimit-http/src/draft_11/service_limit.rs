@@ -237,7 +237,7 @@ pub fn service_limit(
     state: impl Into<QuotaState>,
 ) -> Result<HeaderValue, ServiceLimitError> {
     let (available, window_seconds) = validate(state.into())?;
-    let mut out = sf::buffer();
+    let mut out = sf::Buffer::new();
     write(&mut out, name, available, window_seconds);
     Ok(sf::header_value(&out))
 }

@@ -57,11 +57,6 @@ impl Key {
 /// value's own (see [`header_value`]).
 pub(super) type Buffer = smallvec::SmallVec<[u8; 128]>;
 
-/// A fresh [`Buffer`].
-pub(super) fn buffer() -> Buffer {
-    Buffer::new()
-}
-
 /// Writes one list member: `"name";k1=v1;k2=v2`.
 ///
 /// `name` must already satisfy RFC 9651 §3.3.3 (only %x20–%x7E), which
@@ -94,7 +89,7 @@ pub(super) fn list<'a, T: 'a>(
     members: impl IntoIterator<Item = &'a T>,
     mut write: impl FnMut(&mut Buffer, &T),
 ) -> Option<HeaderValue> {
-    let mut out = buffer();
+    let mut out = Buffer::new();
     for (index, member) in members.into_iter().enumerate() {
         if index > 0 {
             // RFC 9651 §4.1.1: "," followed by a single SP.
