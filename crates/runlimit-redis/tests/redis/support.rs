@@ -29,14 +29,16 @@ pub(crate) fn server_url() -> String {
 
 /// A direct connection to `url`, for setting up and inspecting state.
 pub(crate) async fn connect(url: &str) -> MultiplexedConnection {
+    try_connect(url).await.unwrap_or_else(|error| panic!("connect to {url}: {error}"))
+}
+
+/// [`connect`], returning the error instead of panicking (for servers a test expects to drop
+/// connections, such as one a Sentinel is reconfiguring).
+pub(crate) async fn try_connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {
     // No response timeout (redis-rs' default is 500 ms): a loaded test machine may take longer
     // to answer a pipeline, and a test waits for its own set-up.
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    redis::Client::open(url)
-        .unwrap_or_else(|error| panic!("open {url}: {error}"))
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .unwrap_or_else(|error| panic!("connect to {url}: {error}"))
+    redis::Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await
 }
 
 /// FNV-1a of `text`: stable names from test names.
