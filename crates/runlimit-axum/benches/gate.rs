@@ -26,6 +26,13 @@
 //! `GET /fields`, whose handler writes the two fields a gated response carries (same response
 //! bytes, no gate), and prints the median gated/fields ratio: the share of the cost that is the
 //! gate's code rather than the larger response, which wrk and the kernel handle too.
+//!
+//! Beside the throughputs, each run records the CPU time it cost, from `/proc/self/stat`: this
+//! process's own (the server's worker threads; the main thread only waits for wrk) and that of
+//! its finished children (the wrk run), divided by the requests wrk completed. The bench prints
+//! the medians per route in microseconds per request and the gated and fields routes' excess
+//! over the ungated one, so a missed target can be placed on the server or on the client that
+//! shares its cores. Off Linux the CPU lines are left out.
 
 use std::{
     net::SocketAddr,
@@ -44,8 +51,16 @@ fn env_u64(name: &str, default: u64) -> Result<u64, String> {
     }
 }
 
-/// One wrk run against `url`; its requests per second.
-fn wrk(url: &str, connections: u64, seconds: u64) -> Result<f64, String> {
+/// What one wrk run measured.
+struct Run {
+    /// Requests per second, as wrk reports them.
+    rate: f64,
+    /// Requests completed.
+    requests: f64,
+}
+
+/// One wrk run against `url`.
+fn wrk(url: &str, connections: u64, seconds: u64) -> Result<Run, String> {
     let output = Command::new("wrk")
         .args([
             "-t1",
@@ -66,11 +81,54 @@ fn wrk(url: &str, connections: u64, seconds: u64) -> Result<f64, String> {
     if stdout.contains("Non-2xx") || stdout.contains("Socket errors") {
         return Err(format!("wrk saw errors:\n{stdout}"));
     }
-    stdout
+    let rate = stdout
         .lines()
         .find_map(|line| line.strip_prefix("Requests/sec:"))
-        .and_then(|rate| rate.trim().parse().ok())
-        .ok_or_else(|| format!("no Requests/sec in wrk's output:\n{stdout}"))
+        .and_then(|rate| rate.trim().parse().ok());
+    // "  312345 requests in 3.00s, 40.12MB read"
+    let requests = stdout
+        .lines()
+        .find(|line| line.contains(" requests in "))
+        .and_then(|line| line.split_whitespace().next())
+        .and_then(|count| count.parse().ok());
+    match (rate, requests) {
+        (Some(rate), Some(requests)) => Ok(Run { rate, requests }),
+        _ => Err(format!("no Requests/sec or request count in wrk's output:\n{stdout}")),
+    }
+}
+
+/// Microseconds per clock tick of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+const MICROS_PER_TICK: f64 = 10_000.0;
+
+/// CPU time used so far, in clock ticks: this process's own (the server's worker threads; the
+/// main thread only waits for wrk) and that of its waited-for children (every finished wrk
+/// run), from `/proc/self/stat` (utime + stime, cutime + cstime). `None` off Linux.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesized command name start at field 3 (state).
+    let fields: Vec<u64> =
+        stat.rsplit_once(')')?.1.split_whitespace().skip(11).take(4).map_while(|f| f.parse().ok()).collect();
+    match fields.as_slice() {
+        [utime, stime, cutime, cstime] => Some((utime + stime, cutime + cstime)),
+        _ => None,
+    }
+}
+
+/// One measured run of a route: its throughput and, when `/proc` is readable, the server's
+/// and wrk's CPU time per request in microseconds.
+struct Measured {
+    rate: f64,
+    cpu: Option<(f64, f64)>,
+}
+
+fn measure(url: &str, connections: u64, seconds: u64) -> Result<Measured, String> {
+    let before = cpu_ticks();
+    let run = wrk(url, connections, seconds)?;
+    let cpu = before.zip(cpu_ticks()).map(|((server, client), (server_after, client_after))| {
+        let per_request = |ticks: u64| ticks as f64 * MICROS_PER_TICK / run.requests.max(1.0);
+        (per_request(server_after - server), per_request(client_after - client))
+    });
+    Ok(Measured { rate: run.rate, cpu })
 }
 
 /// The head of one `GET` to `url` (status line and headers), by wrk's peer: a plain request.
@@ -138,16 +196,45 @@ fn run() -> Result<(), String> {
     );
     let mut ratios = Vec::new();
     let mut against_fields = Vec::new();
+    // Per route (ungated, fields, gated): server and wrk CPU microseconds per request.
+    let mut cpu: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     for round in 1..=rounds {
-        let base = wrk(&ungated, connections, seconds)?;
-        let same_bytes = wrk(&fields, connections, seconds)?;
-        let with_gate = wrk(&gated, connections, seconds)?;
+        let measured = [&ungated, &fields, &gated].map(|url| measure(url, connections, seconds));
+        let [base, same_bytes, with_gate] = measured;
+        let (base, same_bytes, with_gate) = (base?, same_bytes?, with_gate?);
+        for (route, run) in [&base, &same_bytes, &with_gate].into_iter().enumerate() {
+            if let Some((server, client)) = run.cpu {
+                cpu[route].0.push(server);
+                cpu[route].1.push(client);
+            }
+        }
+        let (base, same_bytes, with_gate) = (base.rate, same_bytes.rate, with_gate.rate);
         ratios.push(with_gate / base);
         against_fields.push(with_gate / same_bytes);
         println!(
             "{round:>5} {base:>14.0} {same_bytes:>14.0} {with_gate:>14.0} {:>8.2}x {:>8.2}x",
             with_gate / base,
             with_gate / same_bytes
+        );
+    }
+    if cpu.iter().all(|(server, _)| server.len() as u64 == rounds) {
+        let [ungated_cpu, fields_cpu, gated_cpu] =
+            cpu.map(|(mut server, mut client)| (median(&mut server), median(&mut client)));
+        println!(
+            "CPU per request, medians (server: this process's worker threads; client: wrk, which \
+             shares the cores):"
+        );
+        for (route, (server, client)) in
+            [("ungated", ungated_cpu), ("fields", fields_cpu), ("gated", gated_cpu)]
+        {
+            println!("  {route:<8} server {server:>6.2} µs   wrk {client:>6.2} µs");
+        }
+        println!(
+            "  gated - ungated: server {:+.2} µs, wrk {:+.2} µs; fields - ungated: server {:+.2} µs, wrk {:+.2} µs",
+            gated_cpu.0 - ungated_cpu.0,
+            gated_cpu.1 - ungated_cpu.1,
+            fields_cpu.0 - ungated_cpu.0,
+            fields_cpu.1 - ungated_cpu.1,
         );
     }
     println!(
