@@ -484,8 +484,10 @@ impl Connector {
         result.map_err(|cause| sentinel.no_primary(cause))
     }
 
-    /// [`ask_sentinels`](Self::ask_sentinels)' work: the primary, or the last reason none was
-    /// usable.
+    /// [`ask_sentinels`](Self::ask_sentinels)' work: the primary, or, when no Sentinel named a
+    /// usable one, the reason the last Sentinel in configured order gave. The Sentinels are
+    /// asked concurrently, so their answers arrive in any order; the reason reported must not
+    /// depend on it.
     async fn ask_all(
         &self,
         sentinel: &Sentinel,
@@ -496,18 +498,28 @@ impl Connector {
         let mut answers: FuturesUnordered<_> = sentinel
             .nodes
             .iter()
-            .map(|(node, info, link)| async move {
+            .enumerate()
+            .map(|(position, (node, info, link))| async move {
                 self.ask_one(sentinel, info, link, connect_timeout, operation_timeout)
                     .await
-                    .map_err(|reason| format!("{node}: {reason}"))
+                    .map_err(|reason| (position, format!("{node}: {reason}")))
             })
             .collect();
-        let mut cause = String::from("no Sentinel is configured");
+        // The reason of the last Sentinel in configured order that has answered so far.
+        let mut cause: Option<(usize, String)> = None;
         let primary = loop {
             match answers.next().await {
-                None => return Err(cause),
+                None => {
+                    return Err(
+                        cause.map_or_else(|| String::from("no Sentinel is configured"), |(_, reason)| reason)
+                    );
+                }
                 Some(Ok(primary)) => break primary,
-                Some(Err(reason)) => cause = reason,
+                Some(Err((position, reason))) => {
+                    if cause.as_ref().is_none_or(|(latest, _)| position > *latest) {
+                        cause = Some((position, reason));
+                    }
+                }
             }
         };
         drop(answers);

@@ -70,7 +70,8 @@ pub enum CheckError {
         service: String,
         /// The Sentinels asked, `host:port` separated by `, `.
         sentinels: String,
-        /// The last Sentinel's reason: `<address>: <why>`.
+        /// The reason of the last Sentinel in configured order (the Sentinels are asked
+        /// concurrently; which answers last does not matter): `<address>: <why>`.
         cause: String,
     },
     /// The server answered with an error reply: the script was refused before it ran

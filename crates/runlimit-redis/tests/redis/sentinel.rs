@@ -467,6 +467,42 @@ fn operations_waiting_for_silent_sentinels_fail_within_the_connect_timeout() {
     });
 }
 
+/// The Sentinels are asked concurrently, so their failures arrive in any order; the reason an
+/// error names is the last configured Sentinel's, whichever failed last. Here the last one
+/// refuses at once while the first stays silent until the timeout (so with an arrival-order
+/// rule it would be the silent one's), and then the other way round.
+#[test]
+#[ignore = "needs redis-server on PATH"]
+fn the_reason_named_is_the_last_configured_sentinels_whatever_the_arrival_order() {
+    support::runtime().block_on(async {
+        let primary = Arc::new(Mutex::new(1u16));
+        let silent = fake_sentinel(Arc::clone(&primary), true).await;
+        let refused = support::free_port();
+        let window = fixed_window("sentinel.order", 5, 60_000);
+
+        let limiter = RedisLimiter::from_connector(&connector_of(&[silent, refused]))
+            .with_config(short_timeouts("sentinel-order-a"));
+        let error = limiter.check(&Check::new(subject(1).bind(&window))).await.expect_err("no primary");
+        assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "no Sentinel of 127.0.0.1:{silent}, 127.0.0.1:{refused} named a reachable primary for service \
+                 svc: 127.0.0.1:{refused}: Connection refused (os error 111)"
+            )
+        );
+
+        let limiter = RedisLimiter::from_connector(&connector_of(&[refused, silent]))
+            .with_config(short_timeouts("sentinel-order-b"));
+        let error = limiter.check(&Check::new(subject(1).bind(&window))).await.expect_err("no primary");
+        let named = format!(
+            "no Sentinel of 127.0.0.1:{refused}, 127.0.0.1:{silent} named a reachable primary for service \
+             svc: 127.0.0.1:{silent}: "
+        );
+        assert!(error.to_string().starts_with(&named), "{error}");
+    });
+}
+
 /// A newly named primary whose policy evicts is never written to: the operation that found it
 /// fails closed, and so does every later one until it is `noeviction`.
 #[test]
