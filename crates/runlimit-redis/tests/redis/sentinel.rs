@@ -469,35 +469,52 @@ fn operations_waiting_for_silent_sentinels_fail_within_the_connect_timeout() {
 
 /// The Sentinels are asked concurrently, so their failures arrive in any order; the reason an
 /// error names is the last configured Sentinel's, whichever failed last. Here the last one
-/// refuses at once while the first stays silent until the timeout (so with an arrival-order
-/// rule it would be the silent one's), and then the other way round.
+/// refuses at once while the first accepts and hangs up 100 ms later (so with an arrival-order
+/// rule it would be the first one's reason), and then the other way round. The timeouts are
+/// far longer than that, so no timeout decides the race.
 #[test]
 #[ignore = "needs redis-server on PATH"]
 fn the_reason_named_is_the_last_configured_sentinels_whatever_the_arrival_order() {
     support::runtime().block_on(async {
-        let primary = Arc::new(Mutex::new(1u16));
-        let silent = fake_sentinel(Arc::clone(&primary), true).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let late = listener.local_addr().expect("an address").port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    drop(stream);
+                });
+            }
+        });
         let refused = support::free_port();
         let window = fixed_window("sentinel.order", 5, 60_000);
+        let config = |prefix: &str| {
+            RedisConfig::default()
+                .with_key_prefix(KeyPrefix::new(prefix).expect("a prefix"))
+                .with_connect_timeout(Duration::from_secs(5))
+                .expect("a timeout")
+                .with_operation_timeout(Duration::from_secs(5))
+                .expect("a timeout")
+        };
 
-        let limiter = RedisLimiter::from_connector(&connector_of(&[silent, refused]))
-            .with_config(short_timeouts("sentinel-order-a"));
+        let limiter = RedisLimiter::from_connector(&connector_of(&[late, refused]))
+            .with_config(config("sentinel-order-a"));
         let error = limiter.check(&Check::new(subject(1).bind(&window))).await.expect_err("no primary");
         assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed);
         assert_eq!(
             error.to_string(),
             format!(
-                "no Sentinel of 127.0.0.1:{silent}, 127.0.0.1:{refused} named a reachable primary for service \
+                "no Sentinel of 127.0.0.1:{late}, 127.0.0.1:{refused} named a reachable primary for service \
                  svc: 127.0.0.1:{refused}: Connection refused (os error 111)"
             )
         );
 
-        let limiter = RedisLimiter::from_connector(&connector_of(&[refused, silent]))
-            .with_config(short_timeouts("sentinel-order-b"));
+        let limiter = RedisLimiter::from_connector(&connector_of(&[refused, late]))
+            .with_config(config("sentinel-order-b"));
         let error = limiter.check(&Check::new(subject(1).bind(&window))).await.expect_err("no primary");
         let named = format!(
-            "no Sentinel of 127.0.0.1:{refused}, 127.0.0.1:{silent} named a reachable primary for service \
-             svc: 127.0.0.1:{silent}: "
+            "no Sentinel of 127.0.0.1:{refused}, 127.0.0.1:{late} named a reachable primary for service \
+             svc: 127.0.0.1:{late}: "
         );
         assert!(error.to_string().starts_with(&named), "{error}");
     });
