@@ -97,7 +97,7 @@ fn wrk(url: &str, connections: u64, seconds: u64) -> Result<Run, String> {
     }
 }
 
-/// Microseconds per clock tick of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+/// Microseconds per clock tick of `/proc/<pid>/stat`: `USER_HZ` is 100 on x86 and ARM Linux.
 const MICROS_PER_TICK: f64 = 10_000.0;
 
 /// CPU time used so far, in clock ticks: this process's own (the server's worker threads; the
@@ -199,9 +199,9 @@ fn run() -> Result<(), String> {
     // Per route (ungated, fields, gated): server and wrk CPU microseconds per request.
     let mut cpu: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     for round in 1..=rounds {
-        let measured = [&ungated, &fields, &gated].map(|url| measure(url, connections, seconds));
-        let [base, same_bytes, with_gate] = measured;
-        let (base, same_bytes, with_gate) = (base?, same_bytes?, with_gate?);
+        let base = measure(&ungated, connections, seconds)?;
+        let same_bytes = measure(&fields, connections, seconds)?;
+        let with_gate = measure(&gated, connections, seconds)?;
         for (route, run) in [&base, &same_bytes, &with_gate].into_iter().enumerate() {
             if let Some((server, client)) = run.cpu {
                 cpu[route].0.push(server);

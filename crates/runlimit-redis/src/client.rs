@@ -484,10 +484,10 @@ impl Connector {
         result.map_err(|cause| sentinel.no_primary(cause))
     }
 
-    /// [`ask_sentinels`](Self::ask_sentinels)' work: the primary, or, when no Sentinel named a
-    /// usable one, the reason the last Sentinel in configured order gave. The Sentinels are
-    /// asked concurrently, so their answers arrive in any order; the reason reported must not
-    /// depend on it.
+    /// [`ask_sentinels`](Self::ask_sentinels)' work: the primary; or, when every Sentinel
+    /// failed, the reason the last Sentinel in configured order gave (the Sentinels are asked
+    /// concurrently, so their answers arrive in any order, and the reason reported must not
+    /// depend on it); or why the named primary's eviction policy could not be read.
     async fn ask_all(
         &self,
         sentinel: &Sentinel,

@@ -70,8 +70,14 @@ pub enum CheckError {
         service: String,
         /// The Sentinels asked, `host:port` separated by `, `.
         sentinels: String,
-        /// The reason of the last Sentinel in configured order (the Sentinels are asked
-        /// concurrently; which answers last does not matter): `<address>: <why>`.
+        /// Why, in one of these forms:
+        /// - `<address>: <why>`: every Sentinel answered within the connect timeout and none
+        ///   named a usable primary; the reason of the last Sentinel in configured order (the
+        ///   Sentinels are asked concurrently; which one answered last does not matter);
+        /// - `names <primary>, whose maxmemory-policy could not be read: <why>`: a Sentinel
+        ///   named a new primary whose eviction policy could not be read;
+        /// - `no Sentinel named a usable primary within <connect timeout>`: the connect timeout
+        ///   elapsed before every Sentinel had answered (a silent Sentinel).
         cause: String,
     },
     /// The server answered with an error reply: the script was refused before it ran
