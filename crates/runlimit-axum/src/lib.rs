@@ -344,8 +344,14 @@
 //!
 //! Without features the crate depends on `tower-layer`, `tower-service`, `http`,
 //! `runlimit-http` and `serde_json` (for the ready-made responses), not on `axum` or `tonic`
-//! itself; `axum` adds axum without its default features.
-
+//! itself; `axum` adds axum with only its `tokio` feature, the one that defines `ConnectInfo`.
+//!
+// Without the `axum` feature the peer-address items do not exist: their names link to the
+// feature table instead, so a plain `cargo doc` renders every link.
+#![cfg_attr(feature = "axum", doc = "[`PeerAddressKey`]: crate::PeerAddressKey")]
+#![cfg_attr(feature = "axum", doc = "[`MissingPeerAddress`]: crate::MissingPeerAddress")]
+#![cfg_attr(not(feature = "axum"), doc = "[`PeerAddressKey`]: #feature-flags")]
+#![cfg_attr(not(feature = "axum"), doc = "[`MissingPeerAddress`]: #feature-flags")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings))))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
