@@ -160,11 +160,18 @@ pub fn check_config(path: &Path, previous: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Installs the stderr `tracing` subscriber in `format`: `RUST_LOG` filter directives, `info`
-/// when unset or invalid. Does nothing if a global subscriber is already installed.
+/// The filter when `RUST_LOG` is unset or invalid: `info`, but PostgreSQL's notices (which SQLx
+/// logs at `info` under `sqlx::postgres::notice`) only from `warn`: every start on a migrated
+/// database would otherwise log `relation "_sqlx_migrations" already exists, skipping`.
+const DEFAULT_LOG_FILTER: &str = "info,sqlx::postgres::notice=warn";
+
+/// Installs the stderr `tracing` subscriber in `format`: `RUST_LOG` filter directives, or when
+/// it is unset or invalid `info,sqlx::postgres::notice=warn` (`info`, but PostgreSQL's notices,
+/// which SQLx relays at `info`, only from `warn`). Does nothing if a global subscriber is already
+/// installed.
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -270,6 +270,29 @@ async fn two_processes_on_one_postgres_database_charge_two_descriptor_requests_a
     database.finish().await;
 }
 
+/// A start on PostgreSQL, on a fresh database and again on the migrated one, logs its steps at
+/// `info` but no PostgreSQL notice. The fixed-window and GCRA migrators each create SQLx's
+/// `_sqlx_migrations` table if it is missing, so every start gets the server's "relation
+/// \"_sqlx_migrations\" already exists, skipping", which SQLx logs at `info`; the default filter
+/// keeps SQLx's notices to `warn` and above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn starts_on_postgres_log_no_postgresql_notice() {
+    let database = TestDatabase::create("restart_notice").await;
+    let files = Files::new(RULES);
+    let (rules, secret) = (files.rules(), files.secret());
+    let args =
+        ["--config", rules.as_str(), "--key-secret-file", secret.as_str(), "--database-url", &database.url];
+    for start in ["first", "second"] {
+        let (status, stderr) = ServerProcess::start(&args, &[]).terminate();
+        assert_eq!(status.code(), Some(0), "{start} start: {stderr}");
+        assert!(stderr.contains("backend prepared: serving"), "{start} start logs at info: {stderr}");
+        assert!(!stderr.contains("already exists"), "{start} start: {stderr}");
+        assert!(!stderr.contains("sqlx::postgres::notice"), "{start} start: {stderr}");
+    }
+    database.finish().await;
+}
+
 /// Two processes with different key secrets on one Redis prefix count apart: a descriptor
 /// value's counter is keyed by the secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
