@@ -42,7 +42,7 @@ use runlimit_redis::{ConfigError, KeyPrefix, MAX_KEYS_PER_SHARD};
         attempts PostgreSQL). GET /healthz then probes Redis as well.\n\n\
         The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
         ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
-        Logs go to stderr (RUST_LOG, default info); stdout gets one line once the server is \
+        Logs go to stderr (RUST_LOG, default info, PostgreSQL notices from warn); stdout gets one line once the server is \
         bound: 'runlimit-demo listening on http://ADDR'."
 )]
 pub struct Args {

@@ -125,7 +125,8 @@
 //!
 //! # Logs
 //!
-//! `tracing` events on stderr, filtered by `RUST_LOG` (default `info`). Every admission
+//! `tracing` events on stderr, filtered by `RUST_LOG` (default `info`, PostgreSQL notices
+//! from `warn`). Every admission
 //! (every limiter check) produces one `runlimit_demo::admission` event with the backend,
 //! policy id, scope, outcome, consumption and elapsed microseconds, from a Runlimit
 //! [`Observer`](runlimit_core::Observer) ([`TracingObserver`]). No event contains a raw

@@ -199,10 +199,14 @@ pub enum RunError {
     },
 }
 
-/// Installs the stderr `tracing` subscriber: `RUST_LOG` filter directives, `info` when unset
-/// or invalid, no ANSI colors. Does nothing if a global subscriber is already installed.
+/// Installs the stderr `tracing` subscriber: `RUST_LOG` filter directives, or when it is unset
+/// or invalid `info,sqlx::postgres::notice=warn` (`info`, but PostgreSQL's notices, which SQLx
+/// relays at `info`, only from `warn`: every start would log the migrations' `relation
+/// "_sqlx_migrations" already exists, skipping`), no ANSI colors. Does nothing if a global
+/// subscriber is already installed.
 pub fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).try_init();
 }
 
