@@ -3,8 +3,10 @@
 //! Every rule the specification states for all backends is a scenario here, written once as an
 //! `async fn` generic over a small harness trait ([`QuotaBackend`] for fixed windows and GCRA,
 //! [`AttemptBackend`] for attempt limiters), asserting exact values. A backend's test crate
-//! implements the harness and instantiates the whole suite with one macro per family, so a
-//! scenario added here runs on every backend under the same test name:
+//! implements the harness and instantiates, with one macro per family, the families of every
+//! limiter it offers (a backend without an attempt limiter, such as Redis, leaves out
+//! `attempt_scenarios!`), so a scenario added here runs on every backend of its family under
+//! the same test name:
 //!
 //! ```ignore
 //! // tests/conformance.rs of a backend crate
@@ -29,7 +31,7 @@
 //! Every family also exports its scenario names ([`fixed_window::SCENARIOS`],
 //! [`gcra::SCENARIOS`], [`attempts::SCENARIOS`]); the macro of a family and its name list are
 //! generated from one list, which a unit test of this crate compares with the family's
-//! `pub async fn`s, so a scenario written once runs on every backend.
+//! `pub async fn`s, so a scenario written once runs on every backend of its family.
 
 mod harness;
 pub mod support;
