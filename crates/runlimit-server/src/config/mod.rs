@@ -245,7 +245,8 @@ impl std::fmt::Debug for RuleTable {
 impl RuleTable {
     /// Reads the rule file at `path`, or every `*.yaml` and `*.yml` file directly in the
     /// directory at `path` (in file-name order; names starting with `.` and subdirectories
-    /// are skipped, symbolic links are followed, as in a Kubernetes ConfigMap mount).
+    /// are skipped, symbolic links are followed, as in a Kubernetes ConfigMap mount; a rule
+    /// file's link that leads nowhere readable is a read error, not skipped).
     ///
     /// # Errors
     ///
@@ -459,7 +460,15 @@ pub(crate) fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, Config
     let mut errors = Vec::new();
     for file in files {
         match std::fs::read_to_string(&file) {
-            Ok(text) => sources.push((file, text)),
+            // A UTF-8 byte order mark is not part of the document (envoyproxy/ratelimit's YAML
+            // reader skips it too).
+            Ok(text) => {
+                let text = match text.strip_prefix('\u{feff}') {
+                    Some(rest) => rest.to_owned(),
+                    None => text,
+                };
+                sources.push((file, text));
+            }
             Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
         }
     }
@@ -479,9 +488,18 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let is_rule_file = !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"));
-        // `metadata` follows symbolic links (ConfigMap mounts link every file).
-        if is_rule_file && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
-            files.push(entry.path());
+        if !is_rule_file {
+            continue;
+        }
+        // `metadata` follows symbolic links (ConfigMap mounts link every file). A rule file's
+        // name whose link leads nowhere readable (dangling, a loop, a directory without
+        // permission) is an error, not skipped: skipping would drop its domain's limits, and a
+        // refused reload keeps the rules in force. A directory named like a rule file is skipped
+        // as every subdirectory is.
+        match std::fs::metadata(entry.path()) {
+            Ok(metadata) if metadata.is_dir() => {}
+            Ok(_) => files.push(entry.path()),
+            Err(source) => return Err(ConfigError::new(entry.path(), "", ConfigErrorKind::Read { source })),
         }
     }
     if files.is_empty() {

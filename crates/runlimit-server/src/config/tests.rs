@@ -1094,9 +1094,8 @@ fn symbolic_links_are_followed_as_in_a_configmap_mount() {
     symlink(&data, path.join("..data")).unwrap();
     symlink(Path::new("..data/edge.yaml"), path.join("edge.yaml")).unwrap();
     symlink(Path::new("..data/api.yaml"), path.join("api.yaml")).unwrap();
-    // A link to a directory and a dangling link are skipped.
+    // A link to a directory is skipped, as a subdirectory is.
     symlink(&data, path.join("dir.yaml")).unwrap();
-    symlink(Path::new("..data/gone.yaml"), path.join("gone.yaml")).unwrap();
     let table = RuleTable::load(path).unwrap();
     assert_eq!(table.files(), [path.join("api.yaml"), path.join("edge.yaml")]);
     assert_eq!(
@@ -1106,6 +1105,35 @@ fn symbolic_links_are_followed_as_in_a_configmap_mount() {
     // A link given as the path is followed too.
     let table = RuleTable::load(&path.join("edge.yaml")).unwrap();
     assert_eq!(table.describe(), lines(&["edge.k: 5 per second (fixed_window)"]));
+    // A dangling link named like a rule file refuses the whole directory (its domain's limits
+    // would otherwise vanish), and so does a link loop.
+    symlink(Path::new("..data/gone.yaml"), path.join("gone.yaml")).unwrap();
+    let error = RuleTable::load(path).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: cannot be read: No such file or directory (os error 2)",
+            path.join("gone.yaml").display()
+        )
+    );
+    fs::remove_file(path.join("gone.yaml")).unwrap();
+    symlink(Path::new("loop.yaml"), path.join("loop.yaml")).unwrap();
+    let error = RuleTable::load(path).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: cannot be read: Too many levels of symbolic links (os error 40)",
+            path.join("loop.yaml").display()
+        )
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_document() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "bom.yaml", &format!("\u{feff}{}", rules_of("bom", 3)));
+    let table = RuleTable::load(dir.path()).unwrap();
+    assert_eq!(table.describe(), lines(&["bom.k: 3 per second (fixed_window)"]));
 }
 
 // --- Valid rules: envoyproxy/ratelimit's README examples ---
