@@ -462,11 +462,10 @@ pub(crate) fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, Config
         match std::fs::read_to_string(&file) {
             // A UTF-8 byte order mark is not part of the document (envoyproxy/ratelimit's YAML
             // reader skips it too).
-            Ok(text) => {
-                let text = match text.strip_prefix('\u{feff}') {
-                    Some(rest) => rest.to_owned(),
-                    None => text,
-                };
+            Ok(mut text) => {
+                if text.starts_with('\u{feff}') {
+                    text.drain(..'\u{feff}'.len_utf8());
+                }
                 sources.push((file, text));
             }
             Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
@@ -491,15 +490,13 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         if !is_rule_file {
             continue;
         }
-        // `metadata` follows symbolic links (ConfigMap mounts link every file). A rule file's
-        // name whose link leads nowhere readable (dangling, a loop, a directory without
-        // permission) is an error, not skipped: skipping would drop its domain's limits, and a
-        // refused reload keeps the rules in force. A directory named like a rule file is skipped
-        // as every subdirectory is.
-        match std::fs::metadata(entry.path()) {
-            Ok(metadata) if metadata.is_dir() => {}
-            Ok(_) => files.push(entry.path()),
-            Err(source) => return Err(ConfigError::new(entry.path(), "", ConfigErrorKind::Read { source })),
+        // `metadata` follows symbolic links (ConfigMap mounts link every file). A directory
+        // named like a rule file is skipped as every subdirectory is; a name whose link leads
+        // nowhere readable (dangling, a loop, a directory without permission) is kept, so that
+        // reading it reports why, with every other file's problems: skipping it would drop its
+        // domain's limits, while a refused reload keeps the rules in force.
+        if !std::fs::metadata(entry.path()).is_ok_and(|metadata| metadata.is_dir()) {
+            files.push(entry.path());
         }
     }
     if files.is_empty() {

@@ -1107,22 +1107,24 @@ fn symbolic_links_are_followed_as_in_a_configmap_mount() {
     assert_eq!(table.describe(), lines(&["edge.k: 5 per second (fixed_window)"]));
     // A dangling link named like a rule file refuses the whole directory (its domain's limits
     // would otherwise vanish), and so does a link loop.
+    for (name, target, why) in [
+        ("gone.yaml", "..data/gone.yaml", "No such file or directory (os error 2)"),
+        ("loop.yaml", "loop.yaml", "Too many levels of symbolic links (os error 40)"),
+    ] {
+        symlink(Path::new(target), path.join(name)).unwrap();
+        let error = RuleTable::load(path).unwrap_err();
+        assert_eq!(error.to_string(), format!("{}: cannot be read: {why}", path.join(name).display()));
+        fs::remove_file(path.join(name)).unwrap();
+    }
+    // Both at once: each is reported.
     symlink(Path::new("..data/gone.yaml"), path.join("gone.yaml")).unwrap();
-    let error = RuleTable::load(path).unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        format!(
-            "{}: cannot be read: No such file or directory (os error 2)",
-            path.join("gone.yaml").display()
-        )
-    );
-    fs::remove_file(path.join("gone.yaml")).unwrap();
     symlink(Path::new("loop.yaml"), path.join("loop.yaml")).unwrap();
-    let error = RuleTable::load(path).unwrap_err();
     assert_eq!(
-        error.to_string(),
+        RuleTable::load(path).unwrap_err().to_string(),
         format!(
-            "{}: cannot be read: Too many levels of symbolic links (os error 40)",
+            "{}: cannot be read: No such file or directory (os error 2)\n\
+             {}: cannot be read: Too many levels of symbolic links (os error 40)",
+            path.join("gone.yaml").display(),
             path.join("loop.yaml").display()
         )
     );
