@@ -42,8 +42,8 @@ use runlimit_redis::{ConfigError, KeyPrefix, MAX_KEYS_PER_SHARD};
         attempts PostgreSQL). GET /healthz then probes Redis as well.\n\n\
         The HMAC key secret comes from RUNLIMIT_KEY_SECRET (at least 32 bytes); without it an \
         ephemeral secret is generated and counters are not shared across replicas or restarts.\n\n\
-        Logs go to stderr (RUST_LOG, default info, PostgreSQL notices from warn); stdout gets one line once the server is \
-        bound: 'runlimit-demo listening on http://ADDR'."
+        Logs go to stderr (RUST_LOG, default info, PostgreSQL notices from warn); stdout gets one \
+        line once the server is bound: 'runlimit-demo listening on http://ADDR'."
 )]
 pub struct Args {
     /// Address to listen on; port 0 picks a free port (printed on stdout).

@@ -27,7 +27,8 @@ use crate::service::{BackendErrorMode, HeaderFormat};
         bytes, at least 32); without either, a random secret is generated and counters are neither \
         shared nor kept across restarts.\n\n\
         Once serving, two lines go to stdout: 'grpc listening on HOST:PORT' and 'http listening on \
-        HOST:PORT' (port 0 picks a free port). Logs go to stderr (RUST_LOG, default info, PostgreSQL notices from warn).\n\n\
+        HOST:PORT' (port 0 picks a free port). Logs go to stderr (RUST_LOG, default info, \
+        PostgreSQL notices from warn).\n\n\
         'runlimit-server check-config PATH' validates rule files and exits 0, or 1 with every \
         problem, one per line.",
     args_conflicts_with_subcommands = true,
@@ -171,7 +172,8 @@ pub struct Args {
     pub probe_interval_secs: u64,
 
     /// Log format on stderr: text (one human-readable line per event) or json (one JSON
-    /// object per line). The level comes from RUST_LOG (default info, PostgreSQL notices from warn).
+    /// object per line). The level comes from RUST_LOG (default info, PostgreSQL notices from
+    /// warn).
     #[arg(long, value_name = "FORMAT", env = "RUNLIMIT_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 }

@@ -166,9 +166,8 @@ pub fn check_config(path: &Path, previous: Option<&Path>) -> ExitCode {
 const DEFAULT_LOG_FILTER: &str = "info,sqlx::postgres::notice=warn";
 
 /// Installs the stderr `tracing` subscriber in `format`: `RUST_LOG` filter directives, or when
-/// it is unset or invalid `info,sqlx::postgres::notice=warn` (`info`, but PostgreSQL's notices,
-/// which SQLx relays at `info`, only from `warn`). Does nothing if a global subscriber is already
-/// installed.
+/// it is unset or invalid `info,sqlx::postgres::notice=warn` (see `DEFAULT_LOG_FILTER`). Does
+/// nothing if a global subscriber is already installed.
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
