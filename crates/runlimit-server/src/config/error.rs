@@ -138,6 +138,20 @@ pub enum ConfigErrorKind {
         /// What was found instead, with its value (`the string "a"`).
         found: String,
     },
+    /// The document nests maps and lists deeper than 128 levels (the document's own map
+    /// included; 63 descriptor levels with their `rate_limit` maps fit). Refused before the
+    /// YAML reader reads the file, which it would do in time growing with the square of the
+    /// depth.
+    #[error(
+        "nests maps and lists more than 128 levels deep (by line {line} column {column}); a rule file \
+         may nest 128, which is 63 descriptor levels"
+    )]
+    TooDeep {
+        /// The line, from 1, at which the file was found too deep.
+        line: usize,
+        /// The column, from 1.
+        column: usize,
+    },
     /// The document is not a map.
     #[error("the document is {found}; a rule file is a map with `domain` and `descriptors`")]
     NotAMap {

@@ -7,6 +7,7 @@
 
 mod error;
 mod glob;
+mod nesting;
 mod yaml;
 
 use std::{
@@ -506,17 +507,33 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
-/// Parses one file: first as a generic YAML value (syntax, non-string keys, non-map list
-/// items, each reported with its path), then into the typed document (unknown keys and
-/// wrong types, reported by the YAML reader with path, line and column).
+/// Parses one file: its nesting depth first (see the `nesting` module), then as a generic
+/// YAML value (syntax, non-string keys, non-map list items, each reported with its path), then
+/// into the typed document (unknown keys and wrong types, reported by the YAML reader with
+/// path, line and column).
+///
+/// YAML merge keys (`<<: *defaults`, <https://yaml.org/type/merge.html>), which
+/// envoyproxy/ratelimit's YAML reader applies, are applied to the value, a map's own keys
+/// taking precedence over merged ones and earlier merged maps over later ones; a file that
+/// uses them is read from the merged value, so its type errors carry the path but no line.
 fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileDoc> {
-    let value: serde_norway::Value = match serde_norway::from_str(text) {
+    let yaml_error = |message: String| ConfigError::new(file, "", ConfigErrorKind::Yaml { message });
+    if let Some((line, column)) = nesting::too_deep(text) {
+        errors.push(ConfigError::new(file, "", ConfigErrorKind::TooDeep { line, column }));
+        return None;
+    }
+    let mut value: serde_norway::Value = match serde_norway::from_str(text) {
         Ok(value) => value,
         Err(error) => {
-            errors.push(ConfigError::new(file, "", ConfigErrorKind::Yaml { message: error.to_string() }));
+            errors.push(yaml_error(error.to_string()));
             return None;
         }
     };
+    let merged = has_merge_key(&value);
+    if merged && let Err(error) = value.apply_merge() {
+        errors.push(yaml_error(error.to_string()));
+        return None;
+    }
     match &value {
         serde_norway::Value::Null => return Some(FileDoc::default()),
         serde_norway::Value::Mapping(_) => {}
@@ -534,17 +551,31 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
     if errors.len() > before {
         return None;
     }
-    let deserializer = serde_norway::Deserializer::from_str(text);
-    match serde_path_to_error::deserialize::<_, FileDoc>(deserializer) {
-        Ok(doc) => Some(doc),
-        Err(error) => {
-            errors.push(ConfigError::new(
-                file,
-                "",
-                ConfigErrorKind::Yaml { message: error.into_inner().to_string() },
-            ));
-            None
+    let read = if merged {
+        // The value's own errors carry no path: serde_path_to_error's is prefixed.
+        serde_path_to_error::deserialize::<_, FileDoc>(value).map_err(|error| {
+            match error.path().to_string() {
+                path if path == "." => error.into_inner().to_string(),
+                path => format!("{path}: {}", error.into_inner()),
+            }
+        })
+    } else {
+        let deserializer = serde_norway::Deserializer::from_str(text);
+        serde_path_to_error::deserialize::<_, FileDoc>(deserializer)
+            .map_err(|error| error.into_inner().to_string())
+    };
+    read.map_err(|message| errors.push(yaml_error(message))).ok()
+}
+
+/// Whether any map of `value` has the merge key `<<`.
+fn has_merge_key(value: &serde_norway::Value) -> bool {
+    match value {
+        serde_norway::Value::Mapping(mapping) => {
+            mapping.iter().any(|(key, child)| key.as_str() == Some("<<") || has_merge_key(child))
         }
+        serde_norway::Value::Sequence(items) => items.iter().any(has_merge_key),
+        serde_norway::Value::Tagged(tagged) => has_merge_key(&tagged.value),
+        _ => false,
     }
 }
 

@@ -1138,6 +1138,122 @@ fn a_byte_order_mark_is_not_part_of_the_document() {
     assert_eq!(table.describe(), lines(&["bom.k: 3 per second (fixed_window)"]));
 }
 
+/// A rule file of `levels` descriptor levels, in block style, the deepest one limited:
+/// `levels × 2 + 2` nested maps and lists (its `rate_limit` map included).
+fn nested_rules(levels: usize) -> String {
+    let mut text = String::from("domain: deep\ndescriptors:\n");
+    for level in 0..levels {
+        let indent = "    ".repeat(level);
+        let _ = writeln!(text, "{indent}  - key: k{level}");
+        if level + 1 < levels {
+            let _ = writeln!(text, "{indent}    descriptors:");
+        } else {
+            let _ = writeln!(text, "{indent}    rate_limit: {{unit: second, requests_per_unit: 1}}");
+        }
+    }
+    text
+}
+
+#[test]
+fn sixty_three_descriptor_levels_are_read_and_sixty_four_are_too_deep() {
+    let table = table(&nested_rules(63));
+    assert_eq!(table.rule_count(), 1);
+    // The 129th collection is the 64th level's own map, on its `key` line (the last but one).
+    assert_eq!(
+        problem("deep.yaml", &nested_rules(64)),
+        "deep.yaml: nests maps and lists more than 128 levels deep (by line 129 column 257); a rule \
+         file may nest 128, which is 63 descriptor levels"
+    );
+}
+
+#[test]
+fn deep_flow_nesting_is_refused_before_the_yaml_reader_reads_it() {
+    // Flow maps and lists nested 8,000 deep (200 KB): libyaml, which reads the whole document
+    // before serde_norway's depth limit applies, took seconds on it (a minute at 1 MB); the
+    // depth check stops where its own parser's flow depth limit (255 levels) does.
+    let levels = 8_000;
+    let text = format!(
+        "domain: d\ndescriptors: {}[]{}\n",
+        "[{key: a, descriptors: ".repeat(levels),
+        "}]".repeat(levels)
+    );
+    assert_eq!(
+        problem("flow.yaml", &text),
+        "flow.yaml: nests maps and lists more than 128 levels deep (by line 2 column 2936); a rule \
+         file may nest 128, which is 63 descriptor levels"
+    );
+    // Flow nesting within the limit is read as block nesting is.
+    let flow = "domain: d\ndescriptors: [{key: a, descriptors: [{key: b, rate_limit: {unit: second, \
+                requests_per_unit: 2}}]}]\n";
+    assert_eq!(table(flow).describe(), lines(&["d.a.b: 2 per second (fixed_window)"]));
+}
+
+#[test]
+fn merge_keys_are_applied_with_a_maps_own_keys_first() {
+    // envoyproxy/ratelimit's YAML reader applies `<<` (https://yaml.org/type/merge.html).
+    let text = "domain: merged
+descriptors:
+  - key: a
+    rate_limit: &per_second
+      unit: second
+      requests_per_unit: 10
+  - key: b
+    rate_limit:
+      <<: *per_second
+      requests_per_unit: 20
+  - &shadowed
+    key: c
+    shadow_mode: true
+    rate_limit:
+      <<: [{unit: minute}, *per_second]
+      requests_per_unit: 30
+  - <<: *shadowed
+    key: d
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&[
+            "merged.a: 10 per second (fixed_window)",
+            "merged.b: 20 per second (fixed_window)",
+            "merged.c: 30 per minute (fixed_window) [shadow]",
+            "merged.d: 30 per minute (fixed_window) [shadow]",
+        ])
+    );
+}
+
+#[test]
+fn a_merged_file_has_its_problems_reported_with_their_paths() {
+    let defaults = "domain: d\ndefaults: &defaults\n  unit: second\ndescriptors:\n";
+    // Defaults kept under a key of their own are an unknown field, merged or not, as in
+    // envoyproxy/ratelimit, which validates every key; the anchor goes on a first use instead.
+    assert_eq!(
+        problem(
+            "merge.yaml",
+            &format!("{defaults}  - key: a\n    rate_limit:\n      <<: *defaults\n      rpu: 1\n")
+        ),
+        "merge.yaml: defaults: unknown field `defaults`, expected `domain` or `descriptors`"
+    );
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: &limit
+      unit: second
+      requests_per_unit: 1
+  - key: b
+    rate_limit:
+      <<: *limit
+      requests_per_unit: many
+";
+    assert_eq!(
+        problem("merge.yaml", text),
+        "merge.yaml: descriptors[1].rate_limit.requests_per_unit: invalid type: string \"many\", expected u32"
+    );
+    assert_eq!(
+        problem("merge.yaml", "domain: d\ndescriptors:\n  - <<: 5\n    key: a\n"),
+        "merge.yaml: expected a mapping or list of mappings for merging, but found scalar"
+    );
+}
+
 // --- Valid rules: envoyproxy/ratelimit's README examples ---
 
 #[test]
