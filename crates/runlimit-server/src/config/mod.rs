@@ -580,8 +580,10 @@ fn has_merge_key(value: &serde_norway::Value) -> bool {
 }
 
 /// Reports non-string keys and non-map list items, the two shapes serde would describe only
-/// vaguely. Every list of the format is a list of maps; the contents of `metadata`, which is
-/// arbitrary YAML, are not checked (as envoyproxy/ratelimit does not).
+/// vaguely. The format's lists, `descriptors` and `replaces`, are lists of maps; a list
+/// anywhere else (`domain: [a]`) is left to serde, which says what the field expects. The
+/// contents of `metadata`, which is arbitrary YAML, are not checked (as envoyproxy/ratelimit
+/// does not).
 fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, errors: &mut Vec<ConfigError>) {
     match value {
         serde_norway::Value::Mapping(mapping) => {
@@ -594,7 +596,8 @@ fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, erro
                     ));
                     continue;
                 };
-                if key == "metadata" {
+                let is_list_of_maps = key == "descriptors" || key == "replaces";
+                if key == "metadata" || (child.is_sequence() && !is_list_of_maps) {
                     continue;
                 }
                 let len = path.len();

@@ -195,6 +195,28 @@ nested.yaml: descriptors[1]: is empty; every item of this list is a map (such as
 }
 
 #[test]
+fn a_list_where_a_scalar_belongs_is_a_type_error_not_a_list_of_maps() {
+    assert_eq!(
+        problem("list.yaml", "domain: [a]\ndescriptors: []\n"),
+        "list.yaml: domain: invalid type: sequence, expected a string at line 1 column 9"
+    );
+    let text =
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: [5]}\n";
+    assert_eq!(
+        problem("list.yaml", text),
+        "list.yaml: descriptors[0].rate_limit.requests_per_unit: invalid type: sequence, expected u32 at \
+         line 4 column 51"
+    );
+    // `replaces` is a list of maps, each naming a rule.
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, replaces: [b]}\n";
+    assert_eq!(
+        problem("list.yaml", text),
+        "list.yaml: descriptors[0].rate_limit.replaces[0]: is the string \"b\"; every item of this list is a \
+         map (such as `key: ...`)"
+    );
+}
+
+#[test]
 fn a_document_that_is_a_list_or_a_scalar_is_refused() {
     assert_eq!(
         problem("list.yaml", "- domain: d\n  descriptors: []\n"),
