@@ -331,6 +331,39 @@ async fn the_reloader_is_idle_between_changes() {
 // SIGTERM
 // ---------------------------------------------------------------------------------------------
 
+/// SIGTERM while a reload is still compiling a large rule set (100,000 rules, about 9 MB; tens
+/// of seconds in a debug build) stops the process within the shutdown's bound: the reload is
+/// abandoned, not waited for. Regression: the process logged `stopped` at once but exited only
+/// when the reload ended.
+#[test]
+fn sigterm_during_a_long_reload_exits_without_waiting_for_it() {
+    use std::fmt::Write as _;
+    let files = Files::new(V1);
+    let dir = files.dir().display().to_string();
+    let secret = files.secret();
+    let process = ServerProcess::start(&["--config", &dir, "--key-secret-file", &secret], &[]);
+    let mut large = String::from("domain: large\ndescriptors:\n");
+    for index in 0..100_000 {
+        let _ = writeln!(large, "  - {{key: k{index}, rate_limit: {{unit: second, requests_per_unit: 5}}}}");
+    }
+    let before = process.bytes_read();
+    files.replace("large.yaml", &large);
+    process.send("HUP");
+    // The reload has read the new file once the process has read that many more bytes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while process.bytes_read() < before + u64::try_from(large.len()).unwrap() {
+        assert!(Instant::now() < deadline, "the reload never read the file: {}", process.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    process.send("TERM");
+    let (status, stderr) = process.wait_exit(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    assert!(!stderr.contains("domains=2"), "the reload finished first: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+}
+
 const CLIENTS: usize = 4;
 const CALLS_PER_CLIENT: usize = 8;
 
