@@ -38,6 +38,11 @@ pub const MAX_HTTP_CONNECTIONS: usize = 1_024;
 /// How long a connection may take to send a request's headers: 10 s (then it is closed).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a `POST /json` body may take to arrive once its headers have: 10 s (then the
+/// request is answered `408` and the connection closed). With [`HEADER_READ_TIMEOUT`] it bounds
+/// how long a request can hold one of the [`MAX_HTTP_CONNECTIONS`].
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The largest `POST /json` body: 4 MiB, gRPC's default message bound (larger bodies are
 /// answered `413`).
 pub const MAX_JSON_BODY: usize = 4 * 1024 * 1024;
@@ -134,7 +139,18 @@ async fn healthcheck(State(state): State<AppState>) -> Response {
 /// envoyproxy/ratelimit's JSON form of the call: the proto3 JSON of a `RateLimitRequest` in,
 /// of the `RateLimitResponse` out. `200` for `OK`, `429` for `OVER_LIMIT`, `400` for a body or
 /// request refused (the message names the field), `503` when the backend failed.
-async fn json_call(State(state): State<AppState>, body: Bytes) -> Response {
+async fn json_call(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    use axum::extract::FromRequest as _;
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, Bytes::from_request(request, &())).await {
+        Ok(Ok(body)) => body,
+        // Too large (413), or the connection failed.
+        Ok(Err(rejection)) => return rejection.into_response(),
+        Err(_) => {
+            let message =
+                format!("the request body was not received within {} s\n", BODY_READ_TIMEOUT.as_secs());
+            return text(StatusCode::REQUEST_TIMEOUT, message);
+        }
+    };
     let request = match json::parse_request(&body) {
         Ok(request) => request,
         Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),

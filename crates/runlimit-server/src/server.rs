@@ -18,7 +18,6 @@ use sqlx::{
     postgres::{PgConnectOptions, PgConnection, PgPoolOptions},
 };
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 
 use crate::{
     backend::{Backend, BackendError},
@@ -397,14 +396,12 @@ impl Server {
             // Bounds what one connection can hold at once (tonic's default is unbounded): Envoy
             // opens more connections rather than queue when a connection is at its limit.
             .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+            // Every call's request: a read deadline and a byte budget shared by all calls.
+            .layer(crate::grpc::RequestBounds::new())
             .add_service(health_service)
             .add_service(RateLimitServiceServer::new(service.clone()))
-            // TCP_NODELAY: a small response must not wait for the peer's delayed ACK (tonic sets it
-            // only for the listeners it binds itself; measured: ~0.3 % of calls stalled 40 ms).
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(grpc).with_nodelay(Some(true)),
-                wait(stopped.clone()),
-            );
+            // At most MAX_GRPC_CONNECTIONS connections, with TCP_NODELAY.
+            .serve_with_incoming_shutdown(crate::grpc::incoming(grpc), wait(stopped.clone()));
         let app = http::AppState { service: service.clone(), health: health.clone(), metrics };
         let http = http::serve(http, http::router(app), stopped.clone());
         let servers = tokio::spawn(async move { tokio::join!(grpc, http) });

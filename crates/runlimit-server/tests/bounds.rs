@@ -1,6 +1,6 @@
 //! What no client can grow: the metric series (limit overrides with keys of the client's
 //! choosing), and the HTTP listener's connections (a connection that never finishes its
-//! headers is closed).
+//! headers, or a `POST /json` body, is closed).
 //!
 //! One test per concern; the first installs this binary's global Prometheus recorder.
 
@@ -10,7 +10,9 @@ use std::{collections::BTreeSet, time::Duration};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use runlimit_memory::MemoryStoreConfig;
-use runlimit_server::{Backend, HEADER_READ_TIMEOUT, Server, Service, ServiceOptions, install_metrics};
+use runlimit_server::{
+    BODY_READ_TIMEOUT, Backend, HEADER_READ_TIMEOUT, Server, Service, ServiceOptions, install_metrics,
+};
 use support::{TestServer, call, descriptor, hasher, overall, request_of, rules, with_override};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -82,5 +84,45 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
     assert!(started.elapsed() >= HEADER_READ_TIMEOUT - Duration::from_millis(100), "{:?}", started.elapsed());
     // Other clients were served meanwhile, and still are.
     assert_eq!(get(server.http, "/healthcheck").await, "OK\n");
+    server.stop().await;
+}
+
+/// A `POST /json` whose body stops short of its `Content-Length` (one byte every 4 s) is
+/// answered `408` once [`BODY_READ_TIMEOUT`] has passed, and its connection closed.
+/// Regression: only the headers had a deadline, so such bodies held the connection for as long
+/// as they trickled, and 1,024 of them took every place of the HTTP listener.
+#[tokio::test]
+async fn a_json_body_that_never_arrives_is_answered_408() {
+    let backend = Backend::memory(MemoryStoreConfig::new(10).unwrap());
+    let service = Service::new(rules(RULES), &backend, hasher(), ServiceOptions::default());
+    let loopback = "127.0.0.1:0".parse().unwrap();
+    let server = TestServer::run(Server::with_service(service, loopback, loopback).await.unwrap()).await;
+    let mut stream = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    stream
+        .write_all(
+            b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (mut reader, mut writer) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..10 {
+            if writer.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+    });
+    let mut response = Vec::new();
+    let read =
+        tokio::time::timeout(BODY_READ_TIMEOUT + Duration::from_secs(5), reader.read_to_end(&mut response))
+            .await;
+    assert!(read.is_ok(), "still open after {:?}", started.elapsed());
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{response}");
+    assert!(response.ends_with("\r\n\r\nthe request body was not received within 10 s\n"), "{response}");
+    assert!(started.elapsed() >= BODY_READ_TIMEOUT - Duration::from_millis(100), "{:?}", started.elapsed());
+    trickle.abort();
     server.stop().await;
 }

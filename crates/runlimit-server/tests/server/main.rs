@@ -12,6 +12,7 @@ mod support;
 mod atomic;
 mod check_config;
 mod gcra;
+mod grpc_bounds;
 mod headers;
 mod health;
 mod operations;
