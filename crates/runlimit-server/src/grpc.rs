@@ -9,7 +9,10 @@
 //! what it sent. Here:
 //!
 //! - at most [`MAX_GRPC_CONNECTIONS`] connections are served; a connection beyond them is
-//!   closed as soon as it is accepted;
+//!   closed as soon as it is accepted, and one that has not sent HTTP/2's 24-byte preface
+//!   within [`PREFACE_TIMEOUT`] is closed; a peer that stops answering HTTP/2 pings (sent after
+//!   30 s without traffic, 20 s to answer) or TCP keepalive probes is closed too, so a crashed
+//!   or partitioned client gives its place back;
 //! - a call must send its whole request within [`REQUEST_READ_TIMEOUT`] of its headers, or it
 //!   is answered `DEADLINE_EXCEEDED`;
 //! - the request bytes of all calls still being received hold at most
@@ -17,8 +20,13 @@
 //!   `RESOURCE_EXHAUSTED`, so the bound holds whatever the number of connections and calls.
 //!
 //! An Envoy request is a few hundred bytes sent at once, far from every bound. Below these
-//! bounds HTTP/2 flow control adds at most tonic's connection window (64 KiB) per connection
-//! of data received but not yet read.
+//! bounds HTTP/2 flow control adds at most hyper's connection window (1 MiB) per connection of
+//! data received but not yet read.
+//!
+//! What these bounds do not prevent: a client that keeps 4,096 connections alive (answering
+//! pings) takes every place, and one that keeps 64 MiB of requests in flight has other calls
+//! answered `RESOURCE_EXHAUSTED` meanwhile. Both refuse service rather than exhaust the
+//! process; a per-client share of the bounds would narrow them further.
 
 use std::{
     io,
@@ -52,6 +60,20 @@ pub const MAX_GRPC_CONNECTIONS: usize = 4_096;
 /// still sending then is answered `DEADLINE_EXCEEDED`.
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a new gRPC connection may take to send HTTP/2's 24-byte preface: 10 s (then it is
+/// closed).
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The length of HTTP/2's client connection preface (RFC 9113, section 3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Idle time before TCP keepalive probes start on a gRPC connection: 60 s.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// The interval of the server's HTTP/2 pings on a connection without traffic, and how long the
+/// peer has to answer one before the connection is closed.
+pub(crate) const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
+
 /// The most request bytes that calls still being received may hold together: 64 MiB. A call
 /// whose next bytes would go beyond is answered `RESOURCE_EXHAUSTED`.
 pub const MAX_PENDING_REQUEST_BYTES: usize = 64 * 1024 * 1024;
@@ -62,9 +84,15 @@ pub(crate) fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<A
     let permits = Arc::new(Semaphore::new(MAX_GRPC_CONNECTIONS));
     // TCP_NODELAY: a small response must not wait for the peer's delayed ACK (tonic sets it
     // only for the listeners it binds itself; measured: ~0.3 % of calls stalled 40 ms).
-    TcpIncoming::from(listener).with_nodelay(Some(true)).filter_map(move |accepted| match accepted {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true)).with_keepalive(Some(TCP_KEEPALIVE));
+    incoming.filter_map(move |accepted| match accepted {
         Ok(stream) => match Arc::clone(&permits).try_acquire_owned() {
-            Ok(permit) => Some(Ok(Admitted { stream, _permit: permit })),
+            Ok(permit) => Some(Ok(Admitted {
+                stream,
+                preface: Some(Box::pin(tokio::time::sleep(PREFACE_TIMEOUT))),
+                received: 0,
+                _permit: permit,
+            })),
             // At the bound: closed at once (dropped).
             Err(_) => None,
         },
@@ -73,9 +101,12 @@ pub(crate) fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<A
 }
 
 /// An accepted connection, holding its place among the [`MAX_GRPC_CONNECTIONS`] until it is
-/// closed.
+/// closed; its reads fail with `TimedOut` if the preface has not arrived by [`PREFACE_TIMEOUT`].
 pub(crate) struct Admitted {
     stream: TcpStream,
+    /// Until the preface's bytes have arrived.
+    preface: Option<Pin<Box<Sleep>>>,
+    received: usize,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -93,7 +124,24 @@ impl AsyncRead for Admitted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(preface) = this.preface.as_mut() else { return read };
+        match read {
+            Poll::Ready(Ok(())) => {
+                this.received += buf.filled().len() - before;
+                if this.received >= PREFACE_LEN {
+                    this.preface = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => {
+                ready!(preface.as_mut().poll(cx));
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no HTTP/2 preface within 10 s")))
+            }
+        }
     }
 }
 

@@ -79,7 +79,9 @@ use std::{path::Path, process::ExitCode};
 pub use crate::backend::{Backend, BackendError, MAX_REDIS_KEY_PREFIX_LEN};
 pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg, LogFormat};
 pub use crate::config::{Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, RuleTable, Unit};
-pub use crate::grpc::{MAX_GRPC_CONNECTIONS, MAX_PENDING_REQUEST_BYTES, REQUEST_READ_TIMEOUT};
+pub use crate::grpc::{
+    MAX_GRPC_CONNECTIONS, MAX_PENDING_REQUEST_BYTES, PREFACE_TIMEOUT, REQUEST_READ_TIMEOUT,
+};
 pub use crate::http::{BODY_READ_TIMEOUT, HEADER_READ_TIMEOUT, MAX_HTTP_CONNECTIONS, MAX_JSON_BODY};
 pub use crate::secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher};
 pub use crate::server::{

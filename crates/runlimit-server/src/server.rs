@@ -396,6 +396,10 @@ impl Server {
             // Bounds what one connection can hold at once (tonic's default is unbounded): Envoy
             // opens more connections rather than queue when a connection is at its limit.
             .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+            // Pings on quiet connections: a peer that crashed or was partitioned away is closed
+            // and gives its place among the MAX_GRPC_CONNECTIONS back.
+            .http2_keepalive_interval(Some(crate::grpc::HTTP2_KEEPALIVE.0))
+            .http2_keepalive_timeout(Some(crate::grpc::HTTP2_KEEPALIVE.1))
             // Every call's request: a read deadline and a byte budget shared by all calls.
             .layer(crate::grpc::RequestBounds::new())
             .add_service(health_service)

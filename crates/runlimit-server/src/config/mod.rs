@@ -7,6 +7,7 @@
 
 mod error;
 mod glob;
+mod merge;
 mod nesting;
 mod yaml;
 
@@ -512,10 +513,9 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 /// into the typed document (unknown keys and wrong types, reported by the YAML reader with
 /// path, line and column).
 ///
-/// YAML merge keys (`<<: *defaults`, <https://yaml.org/type/merge.html>), which
-/// envoyproxy/ratelimit's YAML reader applies, are applied to the value, a map's own keys
-/// taking precedence over merged ones and earlier merged maps over later ones; a file that
-/// uses them is read from the merged value, so its type errors carry the path but no line.
+/// YAML merge keys (`<<: *defaults`) are applied to the value (see the `merge` module); a
+/// file that uses them is read from the merged value, so its type errors carry the path but
+/// no line.
 fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileDoc> {
     let yaml_error = |message: String| ConfigError::new(file, "", ConfigErrorKind::Yaml { message });
     if let Some((line, column)) = nesting::too_deep(text) {
@@ -529,9 +529,9 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
             return None;
         }
     };
-    let merged = has_merge_key(&value);
-    if merged && let Err(error) = value.apply_merge() {
-        errors.push(yaml_error(error.to_string()));
+    let merged = merge::has_merge_key(&value);
+    if merged && let Err((path, message)) = merge::apply(&mut value, &mut String::new()) {
+        errors.push(ConfigError::new(file, path, ConfigErrorKind::Yaml { message }));
         return None;
     }
     match &value {
@@ -565,18 +565,6 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
             .map_err(|error| error.into_inner().to_string())
     };
     read.map_err(|message| errors.push(yaml_error(message))).ok()
-}
-
-/// Whether any map of `value` has the merge key `<<`.
-fn has_merge_key(value: &serde_norway::Value) -> bool {
-    match value {
-        serde_norway::Value::Mapping(mapping) => {
-            mapping.iter().any(|(key, child)| key.as_str() == Some("<<") || has_merge_key(child))
-        }
-        serde_norway::Value::Sequence(items) => items.iter().any(has_merge_key),
-        serde_norway::Value::Tagged(tagged) => has_merge_key(&tagged.value),
-        _ => false,
-    }
 }
 
 /// Reports non-string keys and non-map list items, the two shapes serde would describe only

@@ -1272,8 +1272,51 @@ descriptors:
     );
     assert_eq!(
         problem("merge.yaml", "domain: d\ndescriptors:\n  - <<: 5\n    key: a\n"),
-        "merge.yaml: expected a mapping or list of mappings for merging, but found scalar"
+        "merge.yaml: descriptors[0].<<: is the number 5; a merge key `<<` takes a map or a list of maps"
     );
+    assert_eq!(
+        problem("merge.yaml", "domain: d\ndescriptors:\n  - <<: [{key: a}, b]\n"),
+        "merge.yaml: descriptors[0].<<[1]: is the string \"b\"; a merge key `<<` takes a map or a list of maps"
+    );
+}
+
+#[test]
+fn merges_chain_and_leave_scalars_strings_as_without_merges() {
+    // A merged map's own `<<` is resolved first; `value: 500` and `key: 1` are strings, as
+    // they are in a file without merges; `<<` inside `metadata` is left alone.
+    let text = "domain: 2024
+descriptors:
+  - key: 1
+    value: 500
+    metadata: {<<: 5}
+    rate_limit: &minute
+      unit: minute
+      requests_per_unit: 1
+  - key: b
+    value: true
+    rate_limit: &hourly
+      <<: *minute
+      unit: hour
+  - key: c
+    rate_limit:
+      <<: *hourly
+      requests_per_unit: 3
+";
+    assert_eq!(
+        table(text).describe(),
+        lines(&[
+            "2024.1_500: 1 per minute (fixed_window)",
+            "2024.b_true: 1 per hour (fixed_window)",
+            "2024.c: 3 per hour (fixed_window)",
+        ])
+    );
+    let without_merges = "domain: 2024
+descriptors:
+  - {key: 1, value: 500, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: b, value: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: c, rate_limit: {unit: hour, requests_per_unit: 3}}
+";
+    assert_eq!(table(without_merges).describe(), table(text).describe());
 }
 
 // --- Valid rules: envoyproxy/ratelimit's README examples ---

@@ -1,19 +1,24 @@
 //! The gRPC listener's bounds, against the built binary: at most `MAX_GRPC_CONNECTIONS`
 //! connections, a call's request read within `REQUEST_READ_TIMEOUT`, and the request bytes of
-//! calls being received within `MAX_PENDING_REQUEST_BYTES`. The stalled calls are sent by a raw
+//! calls being received within `MAX_PENDING_REQUEST_BYTES`, the preface within `PREFACE_TIMEOUT`. The stalled calls are sent by a raw
 //! HTTP/2 client (h2), which can stop in the middle of a gRPC message as no gRPC client does.
 
 use crate::backends::{Files, ServerProcess};
 use crate::support::{client, request, views};
 
 use std::{
-    io::Read as _,
+    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use runlimit_server::{MAX_GRPC_CONNECTIONS, MAX_PENDING_REQUEST_BYTES, REQUEST_READ_TIMEOUT};
+use runlimit_server::{
+    MAX_GRPC_CONNECTIONS, MAX_PENDING_REQUEST_BYTES, PREFACE_TIMEOUT, REQUEST_READ_TIMEOUT,
+};
+
+/// HTTP/2's client connection preface (RFC 9113, section 3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 const RULES: &str = "\
 domain: bounds
@@ -37,8 +42,18 @@ fn start(files: &Files) -> ServerProcess {
 async fn connections_beyond_the_bound_are_closed_at_once() {
     let files = Files::new(RULES);
     let process = start(&files);
-    let mut held: Vec<TcpStream> =
-        (0..MAX_GRPC_CONNECTIONS).map(|_| TcpStream::connect(process.grpc).unwrap()).collect();
+    // Each sends HTTP/2's preface (so it is not closed for lacking one) and reads the server's
+    // first frame header (so it was accepted before the next connection is made).
+    let mut held: Vec<TcpStream> = (0..MAX_GRPC_CONNECTIONS)
+        .map(|_| {
+            let mut stream = TcpStream::connect(process.grpc).unwrap();
+            stream.write_all(PREFACE).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut settings = [0; 9];
+            stream.read_exact(&mut settings).unwrap();
+            stream
+        })
+        .collect();
     let closed_at_once = |address: SocketAddr| {
         let mut extra = TcpStream::connect(address).unwrap();
         extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -50,11 +65,6 @@ async fn connections_beyond_the_bound_are_closed_at_once() {
         }
     };
     assert!(closed_at_once(process.grpc), "a connection beyond the bound was kept");
-    // The held connections were accepted and are still open (the server's HTTP/2 preface
-    // arrives on the first that reads).
-    held[0].set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut preface = [0; 9];
-    held[0].read_exact(&mut preface).unwrap();
     // One closed frees its place: a gRPC call is served again.
     held.truncate(MAX_GRPC_CONNECTIONS - 1);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -69,6 +79,27 @@ async fn connections_beyond_the_bound_are_closed_at_once() {
     };
     assert_eq!(views(&response)[0].2, 4);
     drop(held);
+}
+
+/// A connection that has not sent HTTP/2's preface within `PREFACE_TIMEOUT` is closed (and
+/// gives its place back). Regression: it was kept for ever.
+#[test]
+fn a_connection_without_a_preface_is_closed() {
+    let files = Files::new(RULES);
+    let process = start(&files);
+    let mut silent = TcpStream::connect(process.grpc).unwrap();
+    // Fewer bytes than the preface's 24.
+    silent.write_all(&PREFACE[..10]).unwrap();
+    let started = Instant::now();
+    silent.set_read_timeout(Some(PREFACE_TIMEOUT + Duration::from_secs(10))).unwrap();
+    let mut received = Vec::new();
+    match silent.read_to_end(&mut received) {
+        Ok(_) => {}
+        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}"),
+    }
+    let elapsed = started.elapsed();
+    assert!(elapsed >= PREFACE_TIMEOUT - Duration::from_millis(100), "closed after {elapsed:?}");
+    assert!(elapsed < PREFACE_TIMEOUT + Duration::from_secs(5), "closed after {elapsed:?}");
 }
 
 /// Starts a `ShouldRateLimit` call on `sender` whose gRPC message announces `announced` bytes

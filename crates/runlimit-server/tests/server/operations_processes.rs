@@ -360,8 +360,8 @@ fn sigterm_during_a_long_reload_exits_without_waiting_for_it() {
     let (status, stderr) = process.wait_exit(Duration::from_secs(15));
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
-    assert!(!stderr.contains("domains=2"), "the reload finished first: {stderr}");
-    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    // At once: the reload has tens of seconds left (a debug build), which the exit would wait.
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
 const CLIENTS: usize = 4;
