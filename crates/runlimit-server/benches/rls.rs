@@ -21,7 +21,8 @@
 //!
 //! - `floor`: the same tonic server stack as runlimit-server's (`tonic::transport::Server`
 //!   with the gRPC health service and a `RateLimitServiceServer` on a `TcpIncoming` from a
-//!   bound listener) whose handler answers without a limiter: `OK` and one `OK` status per
+//!   bound listener), without the listener's bounds (README, "Endpoints": the connection cap,
+//!   the request deadline and byte budget), whose handler answers without a limiter: `OK` and one `OK` status per
 //!   descriptor, of the same shape as the real ones (current limit, remaining, reset);
 //! - `memory`: runlimit-server (`Service::new` over `Backend::memory` with the binary's
 //!   defaults, 1,000,000 keys in 16 shards, served by `Server::with_service` and `serve`);
