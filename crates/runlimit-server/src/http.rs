@@ -138,7 +138,8 @@ async fn healthcheck(State(state): State<AppState>) -> Response {
 
 /// envoyproxy/ratelimit's JSON form of the call: the proto3 JSON of a `RateLimitRequest` in,
 /// of the `RateLimitResponse` out. `200` for `OK`, `429` for `OVER_LIMIT`, `400` for a body or
-/// request refused (the message names the field), `503` when the backend failed.
+/// request refused (the message names the field), `413` for a body above [`MAX_JSON_BODY`],
+/// `408` for one not received within [`BODY_READ_TIMEOUT`], `503` when the backend failed.
 async fn json_call(State(state): State<AppState>, request: axum::extract::Request) -> Response {
     use axum::extract::FromRequest as _;
     let body = match tokio::time::timeout(BODY_READ_TIMEOUT, Bytes::from_request(request, &())).await {

@@ -17,6 +17,8 @@ use std::fmt::Write as _;
 
 use serde_norway::{Mapping, Value};
 
+use super::push_key;
+
 /// The fields whose values are strings, wherever they appear.
 const STRING_FIELDS: [&str; 6] = ["domain", "key", "value", "unit", "name", "algorithm"];
 
@@ -94,13 +96,6 @@ pub(super) fn apply(value: &mut Value, path: &mut String) -> Result<(), (String,
         Value::Tagged(tagged) => apply(&mut tagged.value, path),
         _ => Ok(()),
     }
-}
-
-fn push_key(path: &mut String, key: &str) {
-    if !path.is_empty() {
-        path.push('.');
-    }
-    path.push_str(key);
 }
 
 fn not_a_map(value: &Value) -> String {

@@ -589,10 +589,7 @@ fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, erro
                     continue;
                 }
                 let len = path.len();
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(key);
+                push_key(path, key);
                 check_shape(file, child, path, errors);
                 path.truncate(len);
             }
@@ -616,6 +613,14 @@ fn check_shape(file: &Path, value: &serde_norway::Value, path: &mut String, erro
         serde_norway::Value::Tagged(tagged) => check_shape(file, &tagged.value, path, errors),
         _ => {}
     }
+}
+
+/// Appends `key` to a document path (`descriptors[0]` + `rate_limit`).
+fn push_key(path: &mut String, key: &str) {
+    if !path.is_empty() {
+        path.push('.');
+    }
+    path.push_str(key);
 }
 
 fn yaml_text(value: &serde_norway::Value) -> String {
