@@ -103,6 +103,10 @@ pub(crate) enum Protocol {
     /// through the statements of a batch of one (settings, ledger lock, read; write), without
     /// the provisional update.
     PreviousPrepared,
+    /// [`Prepared`](Self::Prepared) as the release before the GCRA row-lock protocol ran it:
+    /// GCRA admissions, peeks, resets and cleanup always lock the ledger-lock protocol's ledger
+    /// and never learn of a switch.
+    LedgerLockPrepared,
 }
 
 impl Default for PostgresConfig {
@@ -205,6 +209,17 @@ impl PostgresConfig {
     #[must_use]
     pub fn with_previous_prepared_protocol(mut self) -> Self {
         self.protocol = Protocol::PreviousPrepared;
+        self
+    }
+
+    /// Runs GCRA operations as the release before the row-lock protocol did (on the ledger-lock
+    /// protocol's ledger, never switching), for testing that replicas of both releases
+    /// interoperate on one database through the switch. Not part of the supported API: it may
+    /// change or go away in any release, and it is not serialized.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_ledger_lock_protocol(mut self) -> Self {
+        self.protocol = Protocol::LedgerLockPrepared;
         self
     }
 

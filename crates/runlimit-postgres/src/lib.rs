@@ -127,7 +127,8 @@ pub use crate::fixed_window::migrations::{
     SET_RUNLIMIT_FIXED_WINDOWS_FILLFACTOR_SQL,
 };
 pub use crate::gcra::migrations::{
-    CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS, GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+    ADD_RUNLIMIT_GCRA_ROW_LOCK_PROTOCOL_SQL, CREATE_RUNLIMIT_GCRA_SQL, GCRA_MIGRATION_VERSIONS,
+    GCRA_MIGRATOR, INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
 };
 pub use crate::store::{PostgresAlgorithm, PostgresStore};
 pub use crate::url::connect_options_from_url;

@@ -20,6 +20,25 @@ pub(crate) async fn run_migrator(
     config: &PostgresConfig,
     migrator: &Migrator,
 ) -> Result<(), MigrationError> {
+    run_migrator_then(pool, config, migrator, None).await.map(|_| ())
+}
+
+/// What [`run_migrator_then`] does around the migrations on a fresh install: `probe` (a query of
+/// one boolean: whether the database is fresh) runs before them, and `then` after them when the
+/// probe said it was.
+pub(crate) struct FreshInstall {
+    pub(crate) probe: &'static str,
+    pub(crate) then: &'static str,
+}
+
+/// [`run_migrator`], with `fresh`'s statements around the migrations on the same connection.
+/// Returns whether the database was fresh and `fresh.then` ran.
+pub(crate) async fn run_migrator_then(
+    pool: &PgPool,
+    config: &PostgresConfig,
+    migrator: &Migrator,
+    fresh: Option<FreshInstall>,
+) -> Result<bool, MigrationError> {
     let connection = match timeout(config.pool_acquire_timeout(), pool.acquire()).await {
         Ok(Ok(connection)) => connection,
         Ok(Err(source)) => return Err(MigrationError::Acquire { source }),
@@ -33,7 +52,22 @@ pub(crate) async fn run_migrator(
     // connection (`run` is `acquire` then `run_direct(None, conn, false)`), public but hidden
     // from SQLx's docs, which names it the workaround for exactly this error. Pinned by the
     // `migrate_futures_are_send` compile test.
-    let result = migrator.run_direct(None, &mut connection, false).await;
+    let result = async {
+        let fresh = match &fresh {
+            Some(install) => {
+                let fresh: bool =
+                    sqlx::query_scalar(AssertSqlSafe(install.probe)).fetch_one(&mut connection).await?;
+                fresh.then_some(install.then)
+            }
+            None => None,
+        };
+        migrator.run_direct(None, &mut connection, false).await?;
+        if let Some(then) = fresh {
+            sqlx::query(AssertSqlSafe(then)).execute(&mut connection).await?;
+        }
+        Ok::<bool, sqlx::migrate::MigrateError>(fresh.is_some())
+    }
+    .await;
     // Closing ends the session, which releases the migrator's session-level lock even when
     // `run` returned early without unlocking. A failed close leaves nothing to clean up.
     let _closed = connection.close().await;

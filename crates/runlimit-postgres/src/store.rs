@@ -2,7 +2,7 @@
 //! count. [`PostgresLimiter`](crate::PostgresLimiter) (anchored fixed windows) and
 //! [`PostgresGcraLimiter`](crate::PostgresGcraLimiter) (GCRA) are its two names.
 
-use std::{fmt, future::Future, marker::PhantomData, time::Instant};
+use std::{fmt, future::Future, marker::PhantomData, sync::Arc, time::Instant};
 
 use runlimit_core::{
     BatchDecision, Check, Decision, FixedWindowPolicy, GcraPolicy, Limiter, Observer, PolicySubject,
@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use crate::{
     config::PostgresConfig,
     error::{BatchCheckError, CheckError, MaintenanceError, MigrationError},
-    migrations::run_migrator,
+    migrations::{run_migrator, run_migrator_then},
     observe::{finish_batch, finish_check, finish_cleanup, finish_reset, validate},
     transaction,
 };
@@ -62,6 +62,27 @@ pub(crate) mod sealed {
         Denied(BatchDenial),
     }
 
+    /// What a store learned about its database while running, shared by its clones: for GCRA,
+    /// whether the protocol was switched to row locks (see `crate::gcra::rowlock`). It starts
+    /// unknown (the ledger-lock protocol) and is learned from the database: once set it stays set,
+    /// because the switch cannot be undone.
+    #[derive(Debug, Default)]
+    pub struct Learned {
+        row_locks: std::sync::atomic::AtomicBool,
+    }
+
+    impl Learned {
+        /// Whether the GCRA protocol is known to be switched to row locks.
+        pub(crate) fn row_locks(&self) -> bool {
+            self.row_locks.load(std::sync::atomic::Ordering::Relaxed)
+        }
+
+        /// Records that the GCRA protocol is switched to row locks.
+        pub(crate) fn set_row_locks(&self) {
+            self.row_locks.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Proof of being this crate: every method of [`Algorithm`] takes one, and nothing
     /// outside the crate can make one, so nothing outside it can call them (and so skip batch
     /// validation, the observer or the transaction skeleton).
@@ -88,10 +109,18 @@ pub(crate) mod sealed {
         /// The algorithm's migrations with `ignore_missing` set, for a shared history.
         fn migrator(internal: Internal) -> Migrator;
 
+        /// What [`migrate`](super::PostgresStore::migrate) runs around the migrations when they
+        /// install the algorithm's tables for the first time, and what it then learned; `None`
+        /// when nothing.
+        fn fresh_install(_: Internal) -> Option<(crate::migrations::FreshInstall, fn(&Learned))> {
+            None
+        }
+
         /// The admission transaction of a validated batch on a leased connection: the result
         /// and whether the transaction finished cleanly (the connection may be reused).
         fn admit(
             internal: Internal,
+            learned: &Learned,
             connection: &mut PgConnection,
             deadline: Deadline,
             config: &PostgresConfig,
@@ -105,6 +134,7 @@ pub(crate) mod sealed {
         /// failure is a pre-commit [`CheckError`]: a peek never consumes.
         fn peek(
             internal: Internal,
+            learned: &Learned,
             connection: &mut PgConnection,
             deadline: Deadline,
             config: &PostgresConfig,
@@ -118,6 +148,7 @@ pub(crate) mod sealed {
         /// deleted, `Some(0)` when an expired row was (both commit).
         fn reset(
             internal: Internal,
+            learned: &Learned,
             connection: &mut PgConnection,
             deadline: Deadline,
             config: &PostgresConfig,
@@ -127,6 +158,7 @@ pub(crate) mod sealed {
         /// One bounded cleanup pass of at least one row.
         fn cleanup(
             internal: Internal,
+            learned: &Learned,
             pool: &sqlx::PgPool,
             config: &PostgresConfig,
             maximum_rows: u32,
@@ -157,6 +189,7 @@ pub struct PostgresStore<P, O = ()> {
     pool: PgPool,
     config: PostgresConfig,
     observer: O,
+    learned: Arc<sealed::Learned>,
     policy: PhantomData<fn() -> P>,
 }
 
@@ -166,7 +199,13 @@ impl<P: PostgresAlgorithm> PostgresStore<P, ()> {
     /// Run [`migrate`](Self::migrate) (or the vendored migrations) before serving traffic.
     #[must_use]
     pub fn new(pool: PgPool) -> Self {
-        Self { pool, config: PostgresConfig::default(), observer: (), policy: PhantomData }
+        Self {
+            pool,
+            config: PostgresConfig::default(),
+            observer: (),
+            learned: Arc::default(),
+            policy: PhantomData,
+        }
     }
 }
 
@@ -187,7 +226,13 @@ impl<P, O> PostgresStore<P, O> {
     /// back. Observer panics are caught.
     #[must_use]
     pub fn with_observer<O2: Observer>(self, observer: O2) -> PostgresStore<P, O2> {
-        PostgresStore { pool: self.pool, config: self.config, observer, policy: PhantomData }
+        PostgresStore {
+            pool: self.pool,
+            config: self.config,
+            observer,
+            learned: self.learned,
+            policy: PhantomData,
+        }
     }
 
     /// The connection pool.
@@ -229,7 +274,16 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
     /// acquired; [`MigrationError::Migrate`] when SQLx's migrator fails (for example
     /// `VersionMismatch` for a version another migrator applied with different SQL).
     pub async fn migrate(&self) -> Result<(), MigrationError> {
-        run_migrator(&self.pool, &self.config, &P::migrator(sealed::Internal::new())).await
+        let migrator = P::migrator(sealed::Internal::new());
+        match P::fresh_install(sealed::Internal::new()) {
+            None => run_migrator(&self.pool, &self.config, &migrator).await,
+            Some((fresh, learn)) => {
+                if run_migrator_then(&self.pool, &self.config, &migrator, Some(fresh)).await? {
+                    learn(&self.learned);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Evaluates one check, consuming its [`cost`](runlimit_core::Check::cost) when allowed.
@@ -250,7 +304,8 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let checks = std::slice::from_ref(check);
         let mode = check.policy().quota_mode();
         let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
-            P::admit(sealed::Internal::new(), connection, deadline, &self.config, checks, mode).await
+            P::admit(sealed::Internal::new(), &self.learned, connection, deadline, &self.config, checks, mode)
+                .await
         })
         .await;
         finish_check(&self.observer, check.policy(), result, started)
@@ -277,7 +332,8 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let started = Instant::now();
         let mode = validate(&self.observer, checks, Self::MAX_BATCH_SIZE, started)?;
         let result = transaction::run(&self.pool, &self.config, async |connection, deadline| {
-            P::admit(sealed::Internal::new(), connection, deadline, &self.config, checks, mode).await
+            P::admit(sealed::Internal::new(), &self.learned, connection, deadline, &self.config, checks, mode)
+                .await
         })
         .await;
         finish_batch(&self.observer, checks, result, started)
@@ -303,7 +359,16 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
     pub async fn peek(&self, subject: PolicySubject<'_, P>) -> Result<QuotaSnapshot, CheckError> {
         let key = Check::new(subject).counter_key().to_bytes();
         transaction::run(&self.pool, &self.config, async |connection, deadline| {
-            P::peek(sealed::Internal::new(), connection, deadline, &self.config, subject.policy(), &key).await
+            P::peek(
+                sealed::Internal::new(),
+                &self.learned,
+                connection,
+                deadline,
+                &self.config,
+                subject.policy(),
+                &key,
+            )
+            .await
         })
         .await
     }
@@ -327,7 +392,7 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let started = Instant::now();
         let key = Check::new(subject).counter_key().to_bytes();
         let result = transaction::maintain(&self.pool, &self.config, async |connection, deadline| {
-            P::reset(sealed::Internal::new(), connection, deadline, &self.config, &key).await
+            P::reset(sealed::Internal::new(), &self.learned, connection, deadline, &self.config, &key).await
         })
         .await
         .map(|live| live == 1);
@@ -350,9 +415,45 @@ impl<P: PostgresAlgorithm, O: Observer> PostgresStore<P, O> {
         let result = if maximum_rows == 0 {
             Ok(0)
         } else {
-            P::cleanup(sealed::Internal::new(), &self.pool, &self.config, maximum_rows).await
+            P::cleanup(sealed::Internal::new(), &self.learned, &self.pool, &self.config, maximum_rows).await
         };
         finish_cleanup(&self.observer, maximum_rows, result, started)
+    }
+}
+
+impl<O: Observer> PostgresStore<GcraPolicy, O> {
+    /// Switches the database's GCRA admissions from the ledger-lock protocol to the row-lock
+    /// protocol, and returns whether this call switched (`false`: it already was). Call it once
+    /// every replica using the database runs this release or a later one (a replica of an earlier
+    /// release fails closed from then on: its admissions, resets and cleanup return errors and
+    /// consume nothing). Idempotent and safe to call from several replicas at once.
+    ///
+    /// Until the switch, every admission locks its shards' rows of the capacity ledger, so
+    /// admissions of keys in one shard (of 256) are serialized. After it, a check of one stored
+    /// key is a single row update, with no shard-wide lock, which costs PostgreSQL about half the
+    /// CPU per check; batches, new keys, cleanup and reset still lock their shards. Every
+    /// guarantee holds under both protocols: database time clamped to a per-shard watermark,
+    /// capacity bounds, all-or-nothing batches, and the consumption classification of errors.
+    /// [`migrate`](Self::migrate) switches a database it installs the GCRA tables on, since no
+    /// earlier replica can be using it. See the
+    /// [operations guide](crate::operations#switching-gcra-to-row-locks).
+    ///
+    /// One transaction: the switch locks every ledger row of the ledger-lock protocol in
+    /// ascending shard order (waiting for the admissions in flight, within the
+    /// [operation timeout](PostgresConfig::operation_timeout)), moves the rows, with their counts
+    /// and watermarks (each at least the switch's own clock sample), to the row-lock ledger, and
+    /// commits.
+    ///
+    /// # Errors
+    ///
+    /// Every [`MaintenanceError`] variant, [`MaintenanceError::Timeout`] when admissions held the
+    /// ledger longer than the operation timeout (nothing changed; call it again). The database
+    /// must hold migration `20250701000003` ([`migrate`](Self::migrate) applies it); without it,
+    /// [`MaintenanceError::Database`].
+    pub async fn switch_to_row_locks(&self) -> Result<bool, MaintenanceError> {
+        let switched = crate::gcra::switch_to_row_locks(&self.pool, &self.config).await?;
+        self.learned.set_row_locks();
+        Ok(switched)
     }
 }
 
@@ -362,6 +463,7 @@ impl<P, O: Clone> Clone for PostgresStore<P, O> {
             pool: self.pool.clone(),
             config: self.config,
             observer: self.observer.clone(),
+            learned: Arc::clone(&self.learned),
             policy: PhantomData,
         }
     }

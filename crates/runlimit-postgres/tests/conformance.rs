@@ -142,19 +142,23 @@ fn keys_in_one_shard(count: usize) -> Vec<SubjectKey> {
 
 /// The tables a quota algorithm stores its state in.
 trait Tables: PostgresAlgorithm {
-    /// The counter table and its capacity ledger.
-    const TABLES: (&'static str, &'static str);
+    /// The counter table and its capacity ledger (`ledger_locks`: the GCRA ledger-lock protocol's).
+    fn tables(ledger_locks: bool) -> (&'static str, &'static str);
 }
 
 impl Tables for FixedWindowPolicy {
-    const TABLES: (&'static str, &'static str) =
-        ("public.runlimit_fixed_windows", "public.runlimit_fixed_window_shards");
+    fn tables(_: bool) -> (&'static str, &'static str) {
+        ("public.runlimit_fixed_windows", "public.runlimit_fixed_window_shards")
+    }
 }
 
 impl Tables for GcraPolicy {
     // The shard watermarks stay when the table is emptied: they are at most the pinned
     // instant, the same clock.
-    const TABLES: (&'static str, &'static str) = ("public.runlimit_gcra", "public.runlimit_gcra_shards");
+    fn tables(ledger_locks: bool) -> (&'static str, &'static str) {
+        let ledger = if ledger_locks { "public.runlimit_gcra_shards" } else { "public.runlimit_gcra_ledger" };
+        ("public.runlimit_gcra", ledger)
+    }
 }
 
 /// The observer a quota limiter under the suite reports to until a scenario installs its own.
@@ -168,18 +172,22 @@ fn no_attempt_observer() -> Arc<dyn AttemptObserver> {
 }
 
 /// A quota harness: [`PostgresStore`] for policy `P` through the pinned clock. The
-/// fixed-window and GCRA limiters are one type, so they are one harness.
-pub(crate) struct PostgresQuota<P> {
+/// fixed-window and GCRA limiters are one type, so they are one harness. `LEDGER_LOCKS`: GCRA on
+/// a database an earlier release installed, so on the ledger-lock protocol (without it, a fresh
+/// database, which `migrate` switches to row locks).
+pub(crate) struct PostgresQuota<P, const LEDGER_LOCKS: bool = false> {
     environment: Environment,
     limiter: PostgresStore<P, Arc<dyn Observer>>,
 }
 
 /// `PostgresLimiter` under the suite.
 pub(crate) type PostgresFixedWindow = PostgresQuota<FixedWindowPolicy>;
-/// `PostgresGcraLimiter` under the suite.
+/// `PostgresGcraLimiter` under the suite, on the row-lock protocol.
 pub(crate) type PostgresGcra = PostgresQuota<GcraPolicy>;
+/// `PostgresGcraLimiter` under the suite, on the ledger-lock protocol.
+pub(crate) type PostgresGcraLedgerLocks = PostgresQuota<GcraPolicy, true>;
 
-impl<P: Tables> QuotaBackend for PostgresQuota<P> {
+impl<P: Tables, const LEDGER_LOCKS: bool> QuotaBackend for PostgresQuota<P, LEDGER_LOCKS> {
     type Policy = P;
     type Limiter = PostgresStore<P, Arc<dyn Observer>>;
 
@@ -191,7 +199,11 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
         F: AsyncFnOnce(&mut Self),
     {
         runtime().block_on(async {
-            let environment = Environment::create(name, async |pool: &PgPool| {
+            let name = if LEDGER_LOCKS { format!("ll_{name}") } else { name.to_owned() };
+            let environment = Environment::create(&name, async |pool: &PgPool| {
+                if LEDGER_LOCKS {
+                    support::migrate_gcra_as_earlier_release(pool).await;
+                }
                 PostgresStore::<P>::new(pool.clone()).migrate().await.expect("migrate");
             })
             .await;
@@ -207,7 +219,7 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
     }
 
     async fn bounded(&mut self, keys_per_shard: usize) {
-        let (table, ledger) = P::TABLES;
+        let (table, ledger) = P::tables(LEDGER_LOCKS);
         self.environment.empty(table, Some(ledger)).await;
         self.limiter = PostgresStore::new(self.environment.proxied.clone())
             .with_config(bounded_config(keys_per_shard))
@@ -215,7 +227,7 @@ impl<P: Tables> QuotaBackend for PostgresQuota<P> {
     }
 
     async fn observed(&mut self, observer: Arc<dyn Observer>) {
-        let (table, ledger) = P::TABLES;
+        let (table, ledger) = P::tables(LEDGER_LOCKS);
         self.environment.empty(table, Some(ledger)).await;
         self.limiter = PostgresStore::new(self.environment.proxied.clone()).with_observer(observer);
     }
@@ -504,6 +516,15 @@ mod conformance {
         #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
     );
     runlimit_conformance::gcra_scenarios!(PostgresGcra, #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]);
+
+    mod ledger_locks {
+        use super::*;
+
+        runlimit_conformance::gcra_scenarios!(
+            PostgresGcraLedgerLocks,
+            #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+        );
+    }
     runlimit_conformance::attempt_scenarios!(
         PostgresAttempts,
         #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]

@@ -32,7 +32,7 @@ use crate::{
     observe::Evaluated,
     prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
-    store::sealed::{Algorithm, Internal},
+    store::sealed::{Algorithm, Internal, Learned},
     transaction::{self, Plan, check_failure},
 };
 
@@ -425,6 +425,7 @@ impl Algorithm for FixedWindowPolicy {
 
     async fn admit(
         _: Internal,
+        _: &Learned,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -443,7 +444,7 @@ impl Algorithm for FixedWindowPolicy {
             .collect();
         let protocol = config.protocol();
         let evaluated = match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared => {
+            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
                 evaluate_calls(connection, deadline, config, &keys, &specs, mode).await
             }
             Protocol::Statements => evaluate(connection, deadline, config, &keys, &specs, mode).await,
@@ -453,7 +454,7 @@ impl Algorithm for FixedWindowPolicy {
             Err(error) => return (Err(error), false),
         };
         let ending = plan.ending(|writes| match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared => {
+            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
                 render_call_writes(&keys, &specs, writes, anchor_us)
             }
             Protocol::Statements => render_writes(&keys, &specs, writes, anchor_us),
@@ -467,6 +468,7 @@ impl Algorithm for FixedWindowPolicy {
     /// rounded up).
     async fn peek(
         _: Internal,
+        _: &Learned,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -511,6 +513,7 @@ impl Algorithm for FixedWindowPolicy {
     /// judge it.
     async fn reset(
         _: Internal,
+        _: &Learned,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -538,6 +541,7 @@ impl Algorithm for FixedWindowPolicy {
     /// ascending shard order.
     async fn cleanup(
         _: Internal,
+        _: &Learned,
         pool: &PgPool,
         config: &PostgresConfig,
         maximum_rows: u32,

@@ -31,11 +31,130 @@
 //! Runlimit before `COMMIT` runs). Arguments are rendered as in [`crate::fixed_window`]'s
 //! calls: exact types, schema-qualified names, integers and hexadecimal digits only.
 
+use std::sync::LazyLock;
+
 use crate::{
     error::CheckPhase,
     gcra::GcraWrite,
     prepared::{Prepared, Statement},
     script::{array_literal, push_bytea},
+};
+
+/// Which capacity ledger the statements lock: the one of the ledger-lock protocol
+/// (`public.runlimit_gcra_shards`), or the one the row-lock protocol moves its rows to
+/// (`public.runlimit_gcra_ledger`; see `super::rowlock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ledger {
+    /// `public.runlimit_gcra_shards`, until the protocol is switched.
+    Shards,
+    /// `public.runlimit_gcra_ledger`, after.
+    RowLocks,
+}
+
+/// The ledger-lock protocol's ledger table, as every statement names it.
+pub(crate) const SHARDS_TABLE: &str = "public.runlimit_gcra_shards";
+/// The row-lock protocol's ledger table.
+pub(crate) const LEDGER_TABLE: &str = "public.runlimit_gcra_ledger";
+
+impl Ledger {
+    /// `sql` for this ledger: the ledger-lock protocol's text as it is, or with its ledger
+    /// table renamed.
+    pub(crate) fn on(self, sql: &str) -> String {
+        match self {
+            Self::Shards => sql.to_owned(),
+            Self::RowLocks => sql.replace(SHARDS_TABLE, LEDGER_TABLE),
+        }
+    }
+}
+
+/// The statements of a batch (and of a one-check admission outside the one-check statements'
+/// range) on one ledger.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    pub(crate) lock: &'static Prepared,
+    pub(crate) lock_one: &'static Prepared,
+    pub(crate) read: &'static Prepared,
+    pub(crate) read_one: &'static Prepared,
+    pub(crate) write: &'static Prepared,
+    pub(crate) write_inserts: &'static Prepared,
+    pub(crate) write_one: &'static Prepared,
+    pub(crate) write_one_insert: &'static Prepared,
+}
+
+static SHARDS_ADMISSION: Admission = Admission {
+    lock: &LOCK,
+    lock_one: &LOCK_ONE,
+    read: &READ,
+    read_one: &READ_ONE,
+    write: &WRITE,
+    write_inserts: &WRITE_INSERTS,
+    write_one: &WRITE_ONE,
+    write_one_insert: &WRITE_ONE_INSERT,
+};
+
+/// A ledger-lock statement moved to the row-lock protocol's ledger, under the name `name`.
+///
+/// Derived from the ledger-lock text rather than kept in a second file, so the two protocols'
+/// statements cannot drift apart; the text is built once per process and lives as long as it
+/// (`String::leak`), as the `&'static` texts of every other prepared statement do.
+fn on_ledger(statement: &Prepared, name: &'static str) -> &'static Prepared {
+    let prepare = Ledger::RowLocks.on(statement.prepare).replacen(statement.name, name, 1);
+    Box::leak(Box::new(Prepared { name, prepare: prepare.leak() }))
+}
+
+static ROW_LOCK_ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
+    lock: on_ledger(&LOCK, "runlimit_gcra_ledger_lock_v1"),
+    lock_one: on_ledger(&LOCK_ONE, "runlimit_gcra_ledger_lock_one_v1"),
+    read: &ROW_LOCK_READ,
+    read_one: &ROW_LOCK_READ_ONE,
+    write: on_ledger(&WRITE, "runlimit_gcra_ledger_write_v1"),
+    write_inserts: on_ledger(&WRITE_INSERTS, "runlimit_gcra_ledger_write_inserts_v1"),
+    write_one: on_ledger(&WRITE_ONE, "runlimit_gcra_ledger_write_one_v1"),
+    write_one_insert: on_ledger(&WRITE_ONE_INSERT, "runlimit_gcra_ledger_write_one_insert_v1"),
+});
+
+/// The admission statements on `ledger`.
+pub(crate) fn admission(ledger: Ledger) -> &'static Admission {
+    match ledger {
+        Ledger::Shards => &SHARDS_ADMISSION,
+        Ledger::RowLocks => &ROW_LOCK_ADMISSION,
+    }
+}
+
+/// [`READ`] that also row-locks the stored keys (`FOR NO KEY UPDATE`, in key order) and samples
+/// the clock after those locks: the row-lock protocol's batch read, which must exclude
+/// one-check admissions, since those take no ledger lock.
+pub(crate) static ROW_LOCK_READ: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_read_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_read.sql"),
+};
+
+/// [`ROW_LOCK_READ`] of one key.
+pub(crate) static ROW_LOCK_READ_ONE: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_read_one_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_read_one.sql"),
+};
+
+/// The row-lock protocol's one-check admission (see `super::rowlock`): the key `$1` of shard
+/// `$2`, an increment of `$3` whole milliseconds and `$4` (below `$5` = Q) units of `1/Q` ms, and
+/// the slack `$6` ms and `$7` units of `1/Q` ms ((B − cost) × P in the same parts): the check
+/// fits when the stored arrival time is at most `now` plus the slack. One row: `clock_ms`,
+/// `now_ms` (clamped to the shard's watermark), the shard's `row_count` (read without a lock),
+/// the arrival time the statement's snapshot holds (`tat_ms`, `tat_remainder`; null without a
+/// row) and the one written (`next_tat_ms`, `next_tat_remainder`; null unless the row was
+/// updated). No row at all when the ledger row is missing.
+pub(crate) static ROW_LOCK_ADMIT_ONE: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_admit_one_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_admit_one.sql"),
+};
+
+/// The row-lock protocol's insert of one new key: at `$1` (the admission's clamped time) in
+/// shard `$2`, the key `$3` with `($4, $5, $6)`, provided the shard's ledger row (locked here)
+/// holds fewer than `$7` rows and a watermark at most `$1`, and no row of the key exists; fails
+/// with SQLSTATE 22P02 and a message naming Runlimit otherwise, before `COMMIT` can run.
+pub(crate) static ROW_LOCK_INSERT_ONE: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_insert_one_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_insert_one.sql"),
 };
 
 /// The transaction-local `statement_timeout` and `lock_timeout` (`$1`, milliseconds as text),
@@ -101,7 +220,7 @@ pub(crate) static PREFLIGHT_ONE: Prepared = Prepared {
 pub(crate) fn preflight_one(key: &[u8; 64], shard: i16, increment: super::one::Increment) -> String {
     let mut sql = format!("EXECUTE {}(", PREFLIGHT_ONE.name);
     push_bytea(&mut sql, key);
-    let super::one::Increment { millis, remainder, quota, ceiling_millis, ceiling_remainder } = increment;
+    let super::one::Increment { millis, remainder, quota, ceiling_millis, ceiling_remainder, .. } = increment;
     sql.push_str(&format!(
         ", {shard}::smallint, {millis}::bigint, {remainder}::bigint, {quota}::bigint, {ceiling_millis}::bigint, \
          {ceiling_remainder}::bigint);\n"
@@ -109,20 +228,56 @@ pub(crate) fn preflight_one(key: &[u8; 64], shard: i16, increment: super::one::I
     sql
 }
 
-/// The statements the write round trip of a one-check admission (`batch` false) or of a batch
-/// may execute.
-pub(crate) fn writes(batch: bool) -> [&'static Prepared; 2] {
-    if batch { [&WRITE, &WRITE_INSERTS] } else { [&WRITE_ONE, &WRITE_ONE_INSERT] }
+/// `EXECUTE runlimit_gcra_rowlock_admit_one_v1(..)`: the arguments of [`ROW_LOCK_ADMIT_ONE`].
+pub(crate) fn row_lock_admit_one(key: &[u8; 64], shard: i16, increment: super::one::Increment) -> String {
+    let mut sql = format!("EXECUTE {}(", ROW_LOCK_ADMIT_ONE.name);
+    push_bytea(&mut sql, key);
+    let super::one::Increment { millis, remainder, quota, slack_millis, slack_remainder, .. } = increment;
+    sql.push_str(&format!(
+        ", {shard}::smallint, {millis}::bigint, {remainder}::bigint, {quota}::bigint, {slack_millis}::bigint, \
+         {slack_remainder}::bigint);\n"
+    ));
+    sql
 }
 
-/// The first statements of every GCRA admission's first round trip: `BEGIN`, the settings
-/// (both timeouts `timeout_ms` milliseconds) and the lock of `shards` ([`lock`]).
-pub(crate) fn opening(timeout_ms: u128, shards: &[i16], batch: bool) -> [Statement; 3] {
-    let (lock_sql, lock_prepared) = lock(shards, batch);
+/// `EXECUTE runlimit_gcra_rowlock_insert_one_v1(..)`: the arguments of [`ROW_LOCK_INSERT_ONE`].
+pub(crate) fn row_lock_insert_one(
+    key: &[u8; 64],
+    shard: i16,
+    write: &GcraWrite,
+    now_ms: u64,
+    maximum_rows: u32,
+) -> String {
+    let mut sql = format!("EXECUTE {}({now_ms}::bigint, {shard}::smallint, ", ROW_LOCK_INSERT_ONE.name);
+    push_bytea(&mut sql, key);
+    sql.push_str(&format!(
+        ", {}::bigint, {}::bigint, {}::bigint, {maximum_rows}::integer);\n",
+        write.tat.tat_ms, write.tat.tat_remainder, write.expires_at_ms
+    ));
+    sql
+}
+
+/// The statements the write round trip of a one-check admission (`batch` false) or of a batch
+/// may execute on `ledger`.
+pub(crate) fn writes(ledger: Ledger, batch: bool) -> [&'static Prepared; 2] {
+    let set = admission(ledger);
+    if batch { [set.write, set.write_inserts] } else { [set.write_one, set.write_one_insert] }
+}
+
+/// The first statements of every GCRA admission's first round trip that locks ledger rows:
+/// `BEGIN`, the settings (both timeouts `timeout_ms` milliseconds) and the lock of `shards` on
+/// `ledger` ([`lock`]).
+pub(crate) fn opening(ledger: Ledger, timeout_ms: u128, shards: &[i16], batch: bool) -> [Statement; 3] {
+    let (lock_sql, lock_prepared) = lock(ledger, shards, batch);
+    let [begin, settings] = begin_and_settings(timeout_ms);
+    [begin, settings, Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) }]
+}
+
+/// `BEGIN` and the settings (both timeouts `timeout_ms` milliseconds).
+pub(crate) fn begin_and_settings(timeout_ms: u128) -> [Statement; 2] {
     [
         Statement { sql: crate::script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
         Statement { sql: settings(timeout_ms), phase: CheckPhase::Begin, executes: Some(&SETTINGS) },
-        Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) },
     ]
 }
 
@@ -131,28 +286,31 @@ pub(crate) fn settings(timeout_ms: u128) -> String {
     format!("EXECUTE {}('{timeout_ms}'::pg_catalog.text);\n", SETTINGS.name)
 }
 
-/// The lock statement of `shards` (ascending, distinct) and the statement it executes:
-/// [`LOCK_ONE`] for a one-check admission (`batch` false), else [`LOCK`].
-pub(crate) fn lock(shards: &[i16], batch: bool) -> (String, &'static Prepared) {
+/// The lock statement of `shards` (ascending, distinct) on `ledger` and the statement it
+/// executes: [`LOCK_ONE`] (or its row-lock twin) for a one-check admission (`batch` false), else
+/// [`LOCK`].
+pub(crate) fn lock(ledger: Ledger, shards: &[i16], batch: bool) -> (String, &'static Prepared) {
+    let set = admission(ledger);
     match shards {
-        [shard] if !batch => (format!("EXECUTE {}({shard}::smallint);\n", LOCK_ONE.name), &LOCK_ONE),
-        _ => (format!("EXECUTE {}({}::smallint[]);\n", LOCK.name, array_literal(shards)), &LOCK),
+        [shard] if !batch => (format!("EXECUTE {}({shard}::smallint);\n", set.lock_one.name), set.lock_one),
+        _ => (format!("EXECUTE {}({}::smallint[]);\n", set.lock.name, array_literal(shards)), set.lock),
     }
 }
 
-/// The read statement of `keys` and the statement it executes: [`READ_ONE`] for one key, else
-/// [`READ`].
-pub(crate) fn read(keys: &[[u8; 64]]) -> (String, &'static Prepared) {
+/// The read statement of `keys` on `ledger` and the statement it executes: [`READ_ONE`] (or
+/// [`ROW_LOCK_READ_ONE`]) for one key, else [`READ`] (or [`ROW_LOCK_READ`]).
+pub(crate) fn read(ledger: Ledger, keys: &[[u8; 64]]) -> (String, &'static Prepared) {
+    let set = admission(ledger);
     if let [key] = keys {
-        let mut sql = format!("EXECUTE {}(", READ_ONE.name);
+        let mut sql = format!("EXECUTE {}(", set.read_one.name);
         push_bytea(&mut sql, key);
         sql.push_str(");\n");
-        return (sql, &READ_ONE);
+        return (sql, set.read_one);
     }
-    let mut sql = format!("EXECUTE {}(", READ.name);
+    let mut sql = format!("EXECUTE {}(", set.read.name);
     push_keys(&mut sql, keys.iter());
     sql.push_str(");\n");
-    (sql, &READ)
+    (sql, set.read)
 }
 
 /// Appends `ARRAY[pg_catalog.decode('<hex>', 'hex'), ..]::pg_catalog.bytea[]` of `keys`.
@@ -183,9 +341,16 @@ fn push_values<'a>(sql: &mut String, writes: impl Iterator<Item = &'a GcraWrite>
 /// The write statement of an allowed batch decided at `now_ms`: advances the watermarks of
 /// `shards` and writes one row per key ([`WRITE_ONE`] or [`WRITE_ONE_INSERT`] for a one-check
 /// admission; for a batch [`WRITE`], or [`WRITE_INSERTS`] when a key is new).
-pub(crate) fn write(keys: &[[u8; 64]], writes: &[GcraWrite], shards: &[i16], now_ms: u64) -> String {
+pub(crate) fn write(
+    ledger: Ledger,
+    keys: &[[u8; 64]],
+    writes: &[GcraWrite],
+    shards: &[i16],
+    now_ms: u64,
+) -> String {
+    let set = admission(ledger);
     if let ([key], [write], [shard]) = (keys, writes, shards) {
-        let statement = if write.insert { &WRITE_ONE_INSERT } else { &WRITE_ONE };
+        let statement = if write.insert { set.write_one_insert } else { set.write_one };
         let mut sql = format!("EXECUTE {}({now_ms}::bigint, {shard}::smallint, ", statement.name);
         push_bytea(&mut sql, key);
         sql.push_str(&format!(
@@ -197,12 +362,12 @@ pub(crate) fn write(keys: &[[u8; 64]], writes: &[GcraWrite], shards: &[i16], now
     let pairs = || keys.iter().zip(writes);
     let updates = || pairs().filter(|(_, write)| !write.insert);
     let inserts = || pairs().filter(|(_, write)| write.insert);
-    let statement = if inserts().next().is_some() { &WRITE_INSERTS } else { &WRITE };
+    let statement = if inserts().next().is_some() { set.write_inserts } else { set.write };
     let mut sql =
         format!("EXECUTE {}({now_ms}::bigint, {}::smallint[], ", statement.name, array_literal(shards));
     push_keys(&mut sql, updates().map(|(key, _)| key));
     push_values(&mut sql, updates().map(|(_, write)| write));
-    if statement.name == WRITE_INSERTS.name {
+    if statement.name == set.write_inserts.name {
         sql.push_str(", ");
         push_keys(&mut sql, inserts().map(|(key, _)| key));
         push_values(&mut sql, inserts().map(|(_, write)| write));
@@ -221,23 +386,29 @@ mod tests {
         let key = [0xAB; 64];
         let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
         assert_eq!(settings(1_500), "EXECUTE runlimit_settings_v1('1500'::pg_catalog.text);\n");
-        assert_eq!(lock(&[0, 7, 255], true).0, "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n");
-        assert_eq!(lock(&[7], true).1.name, LOCK.name);
         assert_eq!(
-            lock(&[7], false),
+            lock(Ledger::Shards, &[0, 7, 255], true).0,
+            "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n"
+        );
+        assert_eq!(lock(Ledger::Shards, &[7], true).1.name, LOCK.name);
+        assert_eq!(
+            lock(Ledger::Shards, &[7], false),
             ("EXECUTE runlimit_gcra_lock_one_v1(7::smallint);\n".to_owned(), &LOCK_ONE)
         );
         assert_eq!(
-            read(&[key, key]).0,
+            read(Ledger::Shards, &[key, key]).0,
             format!("EXECUTE runlimit_gcra_read_v1(ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[]);\n")
         );
-        assert_eq!(read(&[key]), (format!("EXECUTE runlimit_gcra_read_one_v1({decoded});\n"), &READ_ONE));
+        assert_eq!(
+            read(Ledger::Shards, &[key]),
+            (format!("EXECUTE runlimit_gcra_read_one_v1({decoded});\n"), &READ_ONE)
+        );
         let insert =
             GcraWrite { insert: true, tat: StoredTat { tat_ms: 10, tat_remainder: 2 }, expires_at_ms: 11 };
         let update =
             GcraWrite { insert: false, tat: StoredTat { tat_ms: 20, tat_remainder: 3 }, expires_at_ms: 21 };
         assert_eq!(
-            write(&[key, key], &[insert, update], &[171], 9),
+            write(Ledger::Shards, &[key, key], &[insert, update], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_inserts_v1(9::bigint, '{{171}}'::smallint[], \
                  ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[], \
@@ -245,7 +416,7 @@ mod tests {
             )
         );
         assert_eq!(
-            write(&[key, key], &[update, update], &[171], 9),
+            write(Ledger::Shards, &[key, key], &[update, update], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_v1(9::bigint, '{{171}}'::smallint[], \
                  ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[], '{{20,20}}'::bigint[], '{{3,3}}'::bigint[], \
@@ -253,26 +424,28 @@ mod tests {
             )
         );
         assert_eq!(
-            write(&[key], &[update], &[171], 9),
+            write(Ledger::Shards, &[key], &[update], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_one_v1(9::bigint, 171::smallint, {decoded}, 20::bigint, 3::bigint, 21::bigint);\n"
             )
         );
         assert_eq!(
-            write(&[key], &[insert], &[171], 9),
+            write(Ledger::Shards, &[key], &[insert], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_one_insert_v1(9::bigint, 171::smallint, {decoded}, 10::bigint, 2::bigint, \
                  11::bigint);\n"
             )
         );
-        assert_eq!(writes(false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
-        assert_eq!(writes(true), [&WRITE, &WRITE_INSERTS]);
+        assert_eq!(writes(Ledger::Shards, false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
+        assert_eq!(writes(Ledger::Shards, true), [&WRITE, &WRITE_INSERTS]);
         let increment = crate::gcra::one::Increment {
             millis: 333,
             remainder: 1,
             quota: 3,
             ceiling_millis: 666,
             ceiling_remainder: 2,
+            slack_millis: 333,
+            slack_remainder: 1,
         };
         assert_eq!(
             preflight_one(&key, 171, increment),

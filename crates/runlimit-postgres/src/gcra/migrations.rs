@@ -23,11 +23,20 @@ pub const CREATE_RUNLIMIT_GCRA_SQL: &str =
 pub const INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL: &str =
     include_str!("../../gcra-migrations/20250701000002_index_runlimit_gcra_shard_expiry.sql");
 
-/// The versions of the GCRA migrations, in order: `20250701000001`, `20250701000002`. They
+/// Migration `20250701000003_add_runlimit_gcra_row_lock_protocol`: the row-lock protocol's
+/// capacity ledger `public.runlimit_gcra_ledger` (empty until the switch), counting triggers that
+/// count into both ledgers, and the switch function `public.runlimit_gcra_switch_to_row_locks()`
+/// (see [`PostgresGcraLimiter::switch_to_row_locks`](crate::PostgresGcraLimiter::switch_to_row_locks)).
+/// Vendor it after [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]; it changes nothing until the switch.
+pub const ADD_RUNLIMIT_GCRA_ROW_LOCK_PROTOCOL_SQL: &str =
+    include_str!("../../gcra-migrations/20250701000003_add_runlimit_gcra_row_lock_protocol.sql");
+
+/// The versions of the GCRA migrations, in order: `20250701000001`, `20250701000002`,
+/// `20250701000003`. They
 /// never collide with the fixed-window
 /// [`MIGRATION_VERSIONS`](crate::MIGRATION_VERSIONS); the GCRA stream owns the versions
 /// `20250701000001` to `20250701999999`, and host migrations must not reuse them.
-pub const GCRA_MIGRATION_VERSIONS: [i64; 2] = [20_250_701_000_001, 20_250_701_000_002];
+pub const GCRA_MIGRATION_VERSIONS: [i64; 3] = [20_250_701_000_001, 20_250_701_000_002, 20_250_701_000_003];
 
 /// The GCRA migrations with SQLx's strict defaults (`VersionMissing` for any version it does
 /// not know, including the fixed-window ones). Suitable only when Runlimit's GCRA stream
@@ -44,6 +53,11 @@ pub static GCRA_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
             GCRA_MIGRATION_VERSIONS[1],
             "index runlimit gcra shard expiry",
             INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL,
+        ),
+        (
+            GCRA_MIGRATION_VERSIONS[2],
+            "add runlimit gcra row lock protocol",
+            ADD_RUNLIMIT_GCRA_ROW_LOCK_PROTOCOL_SQL,
         ),
     ])
 });
@@ -64,6 +78,6 @@ mod tests {
         assert!(!GCRA_MIGRATOR.ignore_missing);
         let shared = crate::migrations::shared_history(&GCRA_MIGRATOR);
         assert!(shared.ignore_missing);
-        assert_eq!(shared.iter().count(), 2);
+        assert_eq!(shared.iter().count(), 3);
     }
 }

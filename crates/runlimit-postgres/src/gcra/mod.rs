@@ -10,7 +10,10 @@
 mod calls;
 pub(crate) mod migrations;
 mod one;
+mod rowlock;
 mod sql;
+
+pub(crate) use calls::Ledger;
 
 use runlimit_core::{
     Check, GcraPolicy, QuotaMode, QuotaSnapshot,
@@ -26,10 +29,11 @@ use tokio::time::Instant as Deadline;
 use crate::{
     config::{PostgresConfig, Protocol},
     error::{CheckError, CheckPhase, MaintenanceError, MaintenancePhase},
+    migrations::FreshInstall,
     observe::Evaluated,
     prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
-    store::sealed::{Algorithm, Internal},
+    store::sealed::{Algorithm, Internal, Learned},
     transaction::{self, Plan, check_failure, maintenance_failure},
 };
 
@@ -190,10 +194,47 @@ fn parse_ledger(
         *slot = Some(LedgerRow { row_count: i64::from(row_count), watermark_ms });
         seen.push(shard);
     }
+    if seen.is_empty() && !shards.is_empty() {
+        return Err(bad(LEDGER_GONE));
+    }
     if seen != shards {
         return Err(bad("ledger rows do not match the requested shards"));
     }
     Ok(ledger)
+}
+
+/// The reason of the malformed response a ledger-lock statement gets once the protocol was
+/// switched to row locks: the ledger rows it locks are gone. Replicas that know both protocols
+/// learn the switch from it (see [`learn_switch`]); earlier releases fail closed on it.
+pub(crate) const LEDGER_GONE: &str =
+    "the capacity ledger has no rows: the protocol was switched to row locks";
+
+/// Whether `result` failed on [`LEDGER_GONE`].
+fn is_ledger_gone<T>(result: &Result<T, CheckError>) -> bool {
+    matches!(result, Err(CheckError::MalformedResponse { reason: LEDGER_GONE, .. }))
+}
+
+/// After a ledger-lock statement found no ledger rows: rolls the transaction back and asks
+/// whether the row-lock ledger holds all 256 rows, in one round trip. `true` when the protocol
+/// was switched, and `learned` records it; `false` on any failure (the caller then reports the
+/// original failure and closes the connection).
+async fn learn_switch(connection: &mut PgConnection, deadline: Deadline, learned: &Learned) -> bool {
+    let sql = format!(
+        "{}SELECT pg_catalog.count(*)::bigint AS ledger_rows FROM {};",
+        script::ROLLBACK,
+        calls::LEDGER_TABLE
+    );
+    let switched = match script::run(connection, sql, deadline).await {
+        Ok(output) => output
+            .only_row(1)
+            .and_then(|row| row.try_get::<i64, _>("ledger_rows").ok())
+            .is_some_and(|rows| rows == 256),
+        Err(_) => false,
+    };
+    if switched {
+        learned.set_row_locks();
+    }
+    switched
 }
 
 /// Begin, lock and read in one round trip, then the decision. Returns the plan and the clamped
@@ -254,6 +295,7 @@ fn decide_answer(
 /// [`evaluate`] through the statements prepared on each connection (see [`calls`]): begin,
 /// the settings, the ledger locks and the read in one round trip, then the decision.
 async fn evaluate_calls(
+    ledger: Ledger,
     connection: &mut PgConnection,
     deadline: Deadline,
     config: &PostgresConfig,
@@ -263,18 +305,97 @@ async fn evaluate_calls(
     mode: QuotaMode,
 ) -> Result<(Plan<GcraWrite>, u64), CheckError> {
     let batch = keys.len() > 1;
-    let [begin, settings, lock] = calls::opening(config.server_timeout_millis(), shards, batch);
-    let (read_sql, read_prepared) = calls::read(keys);
+    let [begin, settings, lock] = calls::opening(ledger, config.server_timeout_millis(), shards, batch);
+    let (read_sql, read_prepared) = calls::read(ledger, keys);
     let read = Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) };
     let statements = [begin, settings, lock, read];
     let lock_statement = 2;
-    let later = calls::writes(batch);
+    let later = calls::writes(ledger, batch);
     let output =
         prepared::run_phases(connection, &statements, deadline, &later, config.operation_timeout()).await?;
     decide_answer(&output, lock_statement, shards, specs, config, mode)
 }
 
-/// The GCRA v1 protocol (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
+/// Runs `public.runlimit_gcra_switch_to_row_locks()` in a transaction of its own (see
+/// [`PostgresGcraLimiter::switch_to_row_locks`](crate::PostgresGcraLimiter::switch_to_row_locks)):
+/// whether this call switched.
+pub(crate) async fn switch_to_row_locks(
+    pool: &PgPool,
+    config: &PostgresConfig,
+) -> Result<bool, MaintenanceError> {
+    let timeout = config.operation_timeout();
+    let switched = transaction::maintain(pool, config, async |connection, deadline| {
+        let mut sql = script::begin().to_owned();
+        sql.push_str(&script::settings(config.server_timeout_millis()));
+        sql.push_str("SELECT public.runlimit_gcra_switch_to_row_locks() AS switched;");
+        let switch_statement = script::BEGIN_STATEMENTS + 1;
+        let output =
+            transaction::run_maintenance(connection, sql, deadline, switch_statement, timeout).await?;
+        let switched: bool = output
+            .only_row(switch_statement)
+            .and_then(|row| row.try_get("switched").ok())
+            .ok_or(MaintenanceError::MalformedResponse {
+            phase: MaintenancePhase::Delete,
+            reason: "expected one switch row",
+        })?;
+        Ok(Some(u64::from(switched)))
+    })
+    .await?;
+    Ok(switched == 1)
+}
+
+/// A validated batch, reduced to what an admission needs.
+struct Admission<'a> {
+    keys: &'a [[u8; 64]],
+    specs: &'a [GcraSpec],
+    /// The shards of the keys, ascending, distinct.
+    shards: &'a [i16],
+    mode: QuotaMode,
+}
+
+impl Admission<'_> {
+    /// Admits the batch on `ledger`'s protocol. Returns the result and whether the connection
+    /// is clean.
+    async fn run(
+        &self,
+        ledger: Ledger,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+    ) -> (Result<Evaluated, CheckError>, bool) {
+        let Self { keys, specs, shards, mode } = *self;
+        let protocol = config.protocol();
+        if let (Protocol::Prepared | Protocol::LedgerLockPrepared, [key], [spec]) = (protocol, keys, specs)
+            && let Some(increment) = one::Increment::of(&spec.parameters, spec.cost)
+        {
+            return match ledger {
+                Ledger::Shards => one::admit(connection, deadline, config, key, *spec, increment, mode).await,
+                Ledger::RowLocks => {
+                    rowlock::admit(connection, deadline, config, key, *spec, increment, mode).await
+                }
+            };
+        }
+        let evaluated = match protocol {
+            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
+                evaluate_calls(ledger, connection, deadline, config, keys, specs, shards, mode).await
+            }
+            Protocol::Statements => evaluate(connection, deadline, config, keys, specs, shards, mode).await,
+        };
+        let (plan, now_ms) = match evaluated {
+            Ok(evaluated) => evaluated,
+            Err(error) => return (Err(error), false),
+        };
+        let ending = plan.ending(|writes| match protocol {
+            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
+                (calls::write(ledger, keys, writes, shards, now_ms), 1)
+            }
+            Protocol::Statements => (sql::write(keys, writes, shards, now_ms), 1),
+        });
+        transaction::end(connection, deadline, config.operation_timeout(), ending).await
+    }
+}
+
+/// The GCRA protocols (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
 #[expect(private_interfaces, reason = "the sealed half of `PostgresAlgorithm`: only this crate calls it")]
 impl Algorithm for GcraPolicy {
     const NAME: &'static str = "PostgresGcraLimiter";
@@ -283,8 +404,19 @@ impl Algorithm for GcraPolicy {
         crate::migrations::shared_history(&migrations::GCRA_MIGRATOR)
     }
 
+    /// A database without the GCRA tables has no replica on the ledger-lock protocol: it is
+    /// switched to row locks right after its first migration.
+    fn fresh_install(_: Internal) -> Option<(FreshInstall, fn(&Learned))> {
+        let install = FreshInstall {
+            probe: "SELECT pg_catalog.to_regclass('public.runlimit_gcra_shards') IS NULL",
+            then: "SELECT public.runlimit_gcra_switch_to_row_locks()",
+        };
+        Some((install, Learned::set_row_locks))
+    }
+
     async fn admit(
         _: Internal,
+        learned: &Learned,
         connection: &mut PgConnection,
         deadline: Deadline,
         config: &PostgresConfig,
@@ -304,31 +436,70 @@ impl Algorithm for GcraPolicy {
         let mut shards: Vec<i16> = specs.iter().map(|spec| i16::from(spec.shard)).collect();
         shards.sort_unstable();
         shards.dedup();
-        let protocol = config.protocol();
-        if let (Protocol::Prepared, [key], [spec]) = (protocol, keys.as_slice(), specs.as_slice())
-            && let Some(increment) = one::Increment::of(&spec.parameters, spec.cost)
-        {
-            return one::admit(connection, deadline, config, key, *spec, increment, mode).await;
+        let admission = Admission { keys: &keys, specs: &specs, shards: &shards, mode };
+        // The hidden earlier-release modes never switch: they stand for replicas that know only
+        // the ledger-lock protocol.
+        if config.protocol() != Protocol::Prepared {
+            return admission.run(Ledger::Shards, connection, deadline, config).await;
         }
-        let evaluated = match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared => {
-                evaluate_calls(connection, deadline, config, &keys, &specs, &shards, mode).await
+        if learned.row_locks() {
+            return admission.run(Ledger::RowLocks, connection, deadline, config).await;
+        }
+        let (result, clean) = admission.run(Ledger::Shards, connection, deadline, config).await;
+        if is_ledger_gone(&result) && learn_switch(connection, deadline, learned).await {
+            return admission.run(Ledger::RowLocks, connection, deadline, config).await;
+        }
+        (result, clean)
+    }
+
+    /// `BEGIN READ ONLY`, the settings, the unlocked read of the arrival time and of the
+    /// shard's watermark with a clock sample, `ROLLBACK`: one round trip, decided by
+    /// `gcra::peek` at the sample clamped to the watermark, as a check would be.
+    async fn peek(
+        _: Internal,
+        learned: &Learned,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        policy: &Self,
+        key: &[u8; 64],
+    ) -> (Result<QuotaSnapshot, CheckError>, bool) {
+        if learned.row_locks() && config.protocol() == Protocol::Prepared {
+            return peek_on(Ledger::RowLocks, connection, deadline, config, policy, key).await;
+        }
+        let (result, clean) = peek_on(Ledger::Shards, connection, deadline, config, policy, key).await;
+        if is_ledger_gone(&result)
+            && config.protocol() == Protocol::Prepared
+            && learn_switch(connection, deadline, learned).await
+        {
+            return peek_on(Ledger::RowLocks, connection, deadline, config, policy, key).await;
+        }
+        (result, clean)
+    }
+
+    /// The shard's ledger row lock (as an admission of a new key takes), then the `DELETE` with
+    /// a clock sample after it; the ledger trigger frees the slot. Live when the row's expiry is
+    /// after the sample clamped to the shard's watermark, as an admission would judge it.
+    async fn reset(
+        _: Internal,
+        learned: &Learned,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+        key: &[u8; 64],
+    ) -> Result<Option<u64>, MaintenanceError> {
+        let learns = config.protocol() == Protocol::Prepared;
+        if learned.row_locks() && learns {
+            return reset_on(Ledger::RowLocks, connection, deadline, config, key).await;
+        }
+        match reset_on(Ledger::Shards, connection, deadline, config, key).await {
+            Err(MaintenanceError::MalformedResponse { reason: LEDGER_GONE, .. })
+                if learns && learn_switch(connection, deadline, learned).await =>
+            {
+                reset_on(Ledger::RowLocks, connection, deadline, config, key).await
             }
-            Protocol::Statements => {
-                evaluate(connection, deadline, config, &keys, &specs, &shards, mode).await
-            }
-        };
-        let (plan, now_ms) = match evaluated {
-            Ok(evaluated) => evaluated,
-            Err(error) => return (Err(error), false),
-        };
-        let ending = plan.ending(|writes| match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared => {
-                (calls::write(&keys, writes, &shards, now_ms), 1)
-            }
-            Protocol::Statements => (sql::write(&keys, writes, &shards, now_ms), 1),
-        });
-        transaction::end(connection, deadline, config.operation_timeout(), ending).await
+            result => result,
+        }
     }
 
     /// One transaction of three round trips. Discovery probes the `(capacity_shard,
@@ -342,121 +513,167 @@ impl Algorithm for GcraPolicy {
     /// transaction sets `enable_seqscan = off` locally so this bounded index plan is chosen
     /// whatever the table statistics. Phases: [`MaintenancePhase::Begin`] covers begin,
     /// settings and discovery, [`MaintenancePhase::Delete`] the deletion.
-    /// `BEGIN READ ONLY`, the settings, the unlocked read of the arrival time and of the
-    /// shard's watermark with a clock sample, `ROLLBACK`: one round trip, decided by
-    /// `gcra::peek` at the sample clamped to the watermark, as a check would be.
-    async fn peek(
-        _: Internal,
-        connection: &mut PgConnection,
-        deadline: Deadline,
-        config: &PostgresConfig,
-        policy: &Self,
-        key: &[u8; 64],
-    ) -> (Result<QuotaSnapshot, CheckError>, bool) {
-        let mut sql = script::begin_read_only().to_owned();
-        sql.push_str(&script::settings(config.server_timeout_millis()));
-        sql.push_str(&sql::peek(key, i16::from(key[32])));
-        sql.push_str(script::ROLLBACK);
-        let read = script::BEGIN_STATEMENTS + 1;
-        let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
-        let output = match script::run(connection, sql, deadline).await {
-            Ok(output) => output,
-            Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
-        };
-        let phase = CheckPhase::Preflight;
-        let bad = malformed(phase);
-        let parameters = GcraParameters::of(policy);
-        let parsed = (|| {
-            let row = output.only_row(read).ok_or_else(|| bad("expected one peek row"))?;
-            let tat_ms: Option<i64> = column(row, "tat_ms", phase)?;
-            let tat_remainder: Option<i64> = column(row, "tat_remainder", phase)?;
-            let watermark_ms: Option<i64> = column(row, "watermark_ms", phase)?;
-            let clock_ms: i64 = column(row, "now_ms", phase)?;
-            let watermark_ms = watermark_ms.ok_or_else(|| bad("missing capacity ledger row"))?;
-            let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(&bad)?;
-            let tat = match (tat_ms, tat_remainder) {
-                (Some(tat_ms), Some(tat_remainder)) => Some(
-                    stored_tat(StoredTat { tat_ms, tat_remainder }, parameters)
-                        .ok_or_else(|| bad("stored arrival time out of range"))?,
-                ),
-                (None, None) => None,
-                _ => return Err(bad("an arrival time without its remainder")),
-            };
-            gcra::peek(parameters, tat, now_ms).map_err(|_| bad("stored arrival time out of range"))
-        })();
-        (parsed, true)
-    }
-
-    /// The shard's ledger row lock (as an admission takes), then the `DELETE` with a clock
-    /// sample after it; the ledger trigger frees the slot. Live when the row's expiry is after
-    /// the sample clamped to the shard's watermark, as an admission would judge it.
-    async fn reset(
-        _: Internal,
-        connection: &mut PgConnection,
-        deadline: Deadline,
-        config: &PostgresConfig,
-        key: &[u8; 64],
-    ) -> Result<Option<u64>, MaintenanceError> {
-        let timeout = config.operation_timeout();
-        let shard = i16::from(key[32]);
-        let mut sql = script::begin().to_owned();
-        sql.push_str(&script::settings(config.server_timeout_millis()));
-        sql.push_str(&sql::lock(&[shard]));
-        sql.push_str(&sql::reset(key));
-        let lock_statement = script::BEGIN_STATEMENTS + 1;
-        let delete_statement = lock_statement + 1;
-        let output =
-            transaction::run_maintenance(connection, sql, deadline, delete_statement, timeout).await?;
-        let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
-        let get = |row: &sqlx::postgres::PgRow, name: &str| -> Result<Option<i64>, MaintenanceError> {
-            row.try_get(name).map_err(|_| bad("undecodable column"))
-        };
-        let ledger = output.only_row(lock_statement).ok_or_else(|| bad("expected one ledger row"))?;
-        let watermark_ms = get(ledger, "watermark_ms")?.ok_or_else(|| bad("missing watermark"))?;
-        let row = output.only_row(delete_statement).ok_or_else(|| bad("expected one reset row"))?;
-        let expires_at_ms = get(row, "expires_at_ms")?;
-        let clock_ms = get(row, "now_ms")?.ok_or_else(|| bad("missing clock sample"))?;
-        let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(bad)?;
-        Ok(expires_at_ms.map(|expires| u64::from(!is_expired(u64::try_from(expires).unwrap_or(0), now_ms))))
-    }
-
     async fn cleanup(
         _: Internal,
+        learned: &Learned,
         pool: &PgPool,
         config: &PostgresConfig,
         maximum_rows: u32,
     ) -> Result<u64, MaintenanceError> {
-        let timeout = config.operation_timeout();
-        transaction::maintain(pool, config, async |connection, deadline| {
-            // Round trip 1: begin, settings, discovery with the shard locks.
-            let mut sql = script::begin().to_owned();
-            sql.push_str(&sql::cleanup_settings(config.server_timeout_millis()));
-            sql.push_str(sql::discover());
-            let discover_statement = script::BEGIN_STATEMENTS + 1;
-            let output = script::run(&mut *connection, sql, deadline)
-                .await
-                .map_err(|error| maintenance_failure(error.failure, MaintenancePhase::Begin, timeout))?;
-            let begin_malformed =
-                |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Begin, reason };
-            let mut locked = Vec::new();
-            for row in output.rows_of(discover_statement) {
-                let shard: i16 = row.try_get("shard").map_err(|_| begin_malformed("undecodable column"))?;
-                let now_ms: i64 = row.try_get("now_ms").map_err(|_| begin_malformed("undecodable column"))?;
-                locked.push((shard, now_ms));
+        let learns = config.protocol() == Protocol::Prepared;
+        let ledger = if learned.row_locks() && learns { Ledger::RowLocks } else { Ledger::Shards };
+        match cleanup_on(ledger, learns.then_some(learned), pool, config, maximum_rows).await {
+            Err(MaintenanceError::MalformedResponse { reason: LEDGER_GONE, .. })
+                if learns && learned.row_locks() =>
+            {
+                cleanup_on(Ledger::RowLocks, None, pool, config, maximum_rows).await
             }
-            if locked.is_empty() {
-                // Nothing expired in an idle shard: end the read-only transaction.
-                return Ok(None);
-            }
-            // Round trip 2: the bounded deletion; the commit is the third.
-            let phase = MaintenancePhase::Delete;
-            let output = script::run(connection, sql::delete(&locked, maximum_rows), deadline)
-                .await
-                .map_err(|error| maintenance_failure(error.failure, phase, timeout))?;
-            transaction::removed_rows(output.only_row(0), maximum_rows).map(Some)
-        })
-        .await
+            result => result,
+        }
     }
+}
+
+/// [`Algorithm::peek`] on `ledger`.
+async fn peek_on(
+    ledger: Ledger,
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    policy: &GcraPolicy,
+    key: &[u8; 64],
+) -> (Result<QuotaSnapshot, CheckError>, bool) {
+    let mut sql = script::begin_read_only().to_owned();
+    sql.push_str(&script::settings(config.server_timeout_millis()));
+    sql.push_str(&ledger.on(&sql::peek(key, i16::from(key[32]))));
+    sql.push_str(script::ROLLBACK);
+    let read = script::BEGIN_STATEMENTS + 1;
+    let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
+    let output = match script::run(connection, sql, deadline).await {
+        Ok(output) => output,
+        Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
+    };
+    let phase = CheckPhase::Preflight;
+    let bad = malformed(phase);
+    let parameters = GcraParameters::of(policy);
+    let parsed = (|| {
+        let row = output.only_row(read).ok_or_else(|| bad("expected one peek row"))?;
+        let tat_ms: Option<i64> = column(row, "tat_ms", phase)?;
+        let tat_remainder: Option<i64> = column(row, "tat_remainder", phase)?;
+        let watermark_ms: Option<i64> = column(row, "watermark_ms", phase)?;
+        let clock_ms: i64 = column(row, "now_ms", phase)?;
+        let watermark_ms = watermark_ms.ok_or_else(|| bad(LEDGER_GONE))?;
+        let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(&bad)?;
+        let tat = match (tat_ms, tat_remainder) {
+            (Some(tat_ms), Some(tat_remainder)) => Some(
+                stored_tat(StoredTat { tat_ms, tat_remainder }, parameters)
+                    .ok_or_else(|| bad("stored arrival time out of range"))?,
+            ),
+            (None, None) => None,
+            _ => return Err(bad("an arrival time without its remainder")),
+        };
+        gcra::peek(parameters, tat, now_ms).map_err(|_| bad("stored arrival time out of range"))
+    })();
+    (parsed, true)
+}
+
+/// [`Algorithm::reset`] on `ledger`.
+async fn reset_on(
+    ledger: Ledger,
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    key: &[u8; 64],
+) -> Result<Option<u64>, MaintenanceError> {
+    let timeout = config.operation_timeout();
+    let shard = i16::from(key[32]);
+    let mut sql = script::begin().to_owned();
+    sql.push_str(&script::settings(config.server_timeout_millis()));
+    sql.push_str(&ledger.on(&sql::lock(&[shard])));
+    sql.push_str(&sql::reset(key));
+    let lock_statement = script::BEGIN_STATEMENTS + 1;
+    let delete_statement = lock_statement + 1;
+    let output = transaction::run_maintenance(connection, sql, deadline, delete_statement, timeout).await?;
+    let bad = |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Delete, reason };
+    let get = |row: &sqlx::postgres::PgRow, name: &str| -> Result<Option<i64>, MaintenanceError> {
+        row.try_get(name).map_err(|_| bad("undecodable column"))
+    };
+    if output.rows_of(lock_statement).next().is_none() {
+        // The ledger row is gone (the `DELETE` ran regardless): the protocol was switched. The
+        // transaction is left open and rolled back by the caller (or the session's end).
+        return Err(MaintenanceError::MalformedResponse {
+            phase: MaintenancePhase::Begin,
+            reason: LEDGER_GONE,
+        });
+    }
+    let ledger_row = output.only_row(lock_statement).ok_or_else(|| bad("expected one ledger row"))?;
+    let watermark_ms = get(ledger_row, "watermark_ms")?.ok_or_else(|| bad("missing watermark"))?;
+    let row = output.only_row(delete_statement).ok_or_else(|| bad("expected one reset row"))?;
+    let expires_at_ms = get(row, "expires_at_ms")?;
+    let clock_ms = get(row, "now_ms")?.ok_or_else(|| bad("missing clock sample"))?;
+    let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(bad)?;
+    Ok(expires_at_ms.map(|expires| u64::from(!is_expired(u64::try_from(expires).unwrap_or(0), now_ms))))
+}
+
+/// [`Algorithm::cleanup`] on `ledger`. On the ledger-lock protocol, discovery also counts the
+/// ledger's rows: none means the protocol was switched, which `learned` then records (a
+/// [`LEDGER_GONE`] failure the caller retries on the row-lock ledger).
+async fn cleanup_on(
+    ledger: Ledger,
+    learned: Option<&Learned>,
+    pool: &PgPool,
+    config: &PostgresConfig,
+    maximum_rows: u32,
+) -> Result<u64, MaintenanceError> {
+    let timeout = config.operation_timeout();
+    transaction::maintain(pool, config, async |connection, deadline| {
+        // Round trip 1: begin, settings, discovery with the shard locks.
+        let mut sql = script::begin().to_owned();
+        sql.push_str(&sql::cleanup_settings(config.server_timeout_millis()));
+        sql.push_str(&ledger.on(sql::discover()));
+        let discover_statement = script::BEGIN_STATEMENTS + 1;
+        if ledger == Ledger::Shards {
+            sql.push_str(&format!(
+                "SELECT pg_catalog.count(*)::bigint AS ledger_rows FROM {};",
+                calls::SHARDS_TABLE
+            ));
+        }
+        let output = script::run(&mut *connection, sql, deadline)
+            .await
+            .map_err(|error| maintenance_failure(error.failure, MaintenancePhase::Begin, timeout))?;
+        let begin_malformed =
+            |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Begin, reason };
+        if ledger == Ledger::Shards {
+            let rows: i64 = output
+                .only_row(discover_statement + 1)
+                .and_then(|row| row.try_get("ledger_rows").ok())
+                .ok_or_else(|| begin_malformed("undecodable column"))?;
+            if rows == 0 {
+                // The protocol was switched: a replica that knows it learns it (and the caller
+                // retries on the row-lock ledger); one that does not fails closed.
+                if let Some(learned) = learned {
+                    learn_switch(connection, deadline, learned).await;
+                }
+                return Err(begin_malformed(LEDGER_GONE));
+            }
+        }
+        let mut locked = Vec::new();
+        for row in output.rows_of(discover_statement) {
+            let shard: i16 = row.try_get("shard").map_err(|_| begin_malformed("undecodable column"))?;
+            let now_ms: i64 = row.try_get("now_ms").map_err(|_| begin_malformed("undecodable column"))?;
+            locked.push((shard, now_ms));
+        }
+        if locked.is_empty() {
+            // Nothing expired in an idle shard: end the read-only transaction.
+            return Ok(None);
+        }
+        // Round trip 2: the bounded deletion; the commit is the third.
+        let phase = MaintenancePhase::Delete;
+        let output = script::run(connection, ledger.on(&sql::delete(&locked, maximum_rows)), deadline)
+            .await
+            .map_err(|error| maintenance_failure(error.failure, phase, timeout))?;
+        transaction::removed_rows(output.only_row(0), maximum_rows).map(Some)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -65,6 +65,12 @@ pub(crate) struct Increment {
     pub(crate) ceiling_millis: i64,
     /// `B × P mod Q`.
     pub(crate) ceiling_remainder: i64,
+    /// `⌊(B − cost) × P / Q⌋`: the check fits when the stored arrival time is at most `now`
+    /// plus this (and [`slack_remainder`](Self::slack_remainder)), the row-lock protocol's form
+    /// of the same test.
+    pub(crate) slack_millis: i64,
+    /// `(B − cost) × P mod Q`.
+    pub(crate) slack_remainder: i64,
 }
 
 /// Full-replenishment times above this (ms) keep the batch statements; every valid policy's
@@ -84,12 +90,15 @@ impl Increment {
         }
         let added = u128::from(cost) * period;
         let span = burst * period;
+        let slack = span.checked_sub(added)?;
         Some(Self {
             millis: i64::try_from(added / quota).ok()?,
             remainder: i64::try_from(added % quota).ok()?,
             quota: i64::try_from(quota).ok()?,
             ceiling_millis: i64::try_from(span / quota).ok()?,
             ceiling_remainder: i64::try_from(span % quota).ok()?,
+            slack_millis: i64::try_from(slack / quota).ok()?,
+            slack_remainder: i64::try_from(slack % quota).ok()?,
         })
     }
 }
@@ -156,7 +165,8 @@ pub(crate) async fn admit(
     mode: QuotaMode,
 ) -> (Result<Evaluated, CheckError>, bool) {
     let shard = i16::from(spec.shard);
-    let [begin, settings, lock] = calls::opening(config.server_timeout_millis(), &[shard], false);
+    let [begin, settings, lock] =
+        calls::opening(calls::Ledger::Shards, config.server_timeout_millis(), &[shard], false);
     let preflight = Statement {
         sql: calls::preflight_one(key, shard, increment),
         phase: CheckPhase::Preflight,
@@ -200,7 +210,9 @@ pub(crate) async fn admit(
         Err(error) => return (Err(error), false),
     };
     let ending = plan.ending(|writes| match writes {
-        [write] if write.insert => (calls::write(&[*key], writes, &[shard], now_ms), 1),
+        [write] if write.insert => {
+            (calls::write(calls::Ledger::Shards, &[*key], writes, &[shard], now_ms), 1)
+        }
         // The provisional update is the write: `COMMIT` alone.
         _ => (String::new(), 0),
     });
@@ -232,7 +244,9 @@ mod tests {
                 remainder: 1,
                 quota: 3,
                 ceiling_millis: 666,
-                ceiling_remainder: 2
+                ceiling_remainder: 2,
+                slack_millis: 333,
+                slack_remainder: 1,
             })
         );
         assert_eq!(
@@ -242,7 +256,9 @@ mod tests {
                 remainder: 2,
                 quota: 3,
                 ceiling_millis: 666,
-                ceiling_remainder: 2
+                ceiling_remainder: 2,
+                slack_millis: 0,
+                slack_remainder: 0,
             })
         );
         // One unit an hour, burst 50, a check of 50: 180,000,000 ms.
@@ -253,7 +269,9 @@ mod tests {
                 remainder: 0,
                 quota: 1,
                 ceiling_millis: 180_000_000,
-                ceiling_remainder: 0
+                ceiling_remainder: 0,
+                slack_millis: 0,
+                slack_remainder: 0,
             })
         );
         // The longest full replenishment a policy may have: its parts, exactly.
@@ -266,6 +284,8 @@ mod tests {
                 quota: 1,
                 ceiling_millis: i64::try_from(longest).unwrap(),
                 ceiling_remainder: 0,
+                slack_millis: 0,
+                slack_remainder: 0,
             })
         );
     }

@@ -20,7 +20,7 @@ use tokio::{
 
 use crate::{
     clock::{Action, CLOCK_CALL, EpochMicros, PINNED_CALL, PinnedClock, Rewriter},
-    support::{TestDatabase, check, policy, subject},
+    support::{TestDatabase, check, gcra_ledger_table, gcra_limiter_on, policy, subject},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -398,9 +398,16 @@ fn retry(view: DecisionView<'_>) -> u128 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn a_backwards_step_after_gcra_admissions_replenishes_nothing_early() {
-    let db = TestDatabase::create("clock_gcra_backwards").await;
+    for row_locks in [false, true] {
+        a_backwards_step_replenishes_nothing_early(row_locks).await;
+    }
+}
+
+async fn a_backwards_step_replenishes_nothing_early(row_locks: bool) {
+    let db = TestDatabase::create(if row_locks { "clock_gcra_backwards_rl" } else { "clock_gcra_backwards" })
+        .await;
     let direct = db.pool(2).await;
-    PostgresGcraLimiter::new(direct.clone()).migrate().await.unwrap();
+    gcra_limiter_on(direct.clone(), row_locks).await;
     let mut clock = PinnedClock::install(&db).await;
     let proxied =
         db.pool_with(sqlx::postgres::PgPoolOptions::new().max_connections(2), clock.options()).await;
@@ -445,10 +452,16 @@ async fn a_backwards_step_after_gcra_admissions_replenishes_nothing_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn limiters_decide_at_the_pinned_instant() {
-    let db = TestDatabase::create("clock_limiters").await;
+    for row_locks in [false, true] {
+        limiters_decide_at_the_instant(row_locks).await;
+    }
+}
+
+async fn limiters_decide_at_the_instant(row_locks: bool) {
+    let db = TestDatabase::create(if row_locks { "clock_limiters_rl" } else { "clock_limiters" }).await;
     let direct = db.pool(2).await;
     PostgresLimiter::new(direct.clone()).migrate().await.unwrap();
-    PostgresGcraLimiter::new(direct.clone()).migrate().await.unwrap();
+    gcra_limiter_on(direct.clone(), row_locks).await;
     PostgresAttemptLimiter::new(direct.clone()).migrate().await.unwrap();
     let mut clock = PinnedClock::install(&db).await;
     let proxied =
@@ -468,11 +481,10 @@ async fn limiters_decide_at_the_pinned_instant() {
     clock.advance(1).await;
     // At +334 ms the arrival time was 666.67 ms; it becomes exactly 1,000 ms.
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 666));
+    let ledger = gcra_ledger_table(&mut *direct.acquire().await.unwrap()).await;
+    let watermark_sql = format!("SELECT watermark_ms FROM {ledger} WHERE shard = 3");
     let watermark: i64 =
-        sqlx::query_scalar("SELECT watermark_ms FROM public.runlimit_gcra_shards WHERE shard = 3")
-            .fetch_one(&direct)
-            .await
-            .unwrap();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(watermark_sql.clone())).fetch_one(&direct).await.unwrap();
     // The insert committed the instant it used; the admissions of the stored key after it
     // leave the watermark to cleanup (see `src/gcra/one.rs`).
     assert_eq!(watermark, inserted_at, "the committed watermark is the insert's pinned instant");
@@ -482,10 +494,7 @@ async fn limiters_decide_at_the_pinned_instant() {
     clock.advance(1).await;
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 1);
     let watermark: i64 =
-        sqlx::query_scalar("SELECT watermark_ms FROM public.runlimit_gcra_shards WHERE shard = 3")
-            .fetch_one(&direct)
-            .await
-            .unwrap();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(watermark_sql)).fetch_one(&direct).await.unwrap();
     assert_eq!(watermark, clock.now_ms(), "the cleanup committed the pinned instant it deleted at");
 
     // Fixed window: 2 per 1,000 ms, anchored at the pinned instant.

@@ -10,7 +10,6 @@ use std::{
 use runlimit_core::{
     Check, GcraPolicy, Observation, Observer, PolicyId, QuotaControl, ResetOutcome, ScopeId,
 };
-use runlimit_postgres::PostgresGcraLimiter;
 use sqlx::PgConnection;
 
 use crate::support::*;
@@ -51,9 +50,10 @@ async fn fixed_window_state(connection: &mut PgConnection) -> (Vec<String>, Vec<
 }
 
 async fn gcra_state(connection: &mut PgConnection) -> (Vec<String>, Vec<String>) {
+    let ledger = gcra_ledger_table(connection).await;
     (
         versions(connection, "public.runlimit_gcra", "t.counter_key").await,
-        versions(connection, "public.runlimit_gcra_shards", "t.shard").await,
+        versions(connection, ledger, "t.shard").await,
     )
 }
 
@@ -64,11 +64,9 @@ async fn rows_in_shard(connection: &mut PgConnection, table: &str, shard: i16) -
 }
 
 async fn gcra_ledger_count(connection: &mut PgConnection, shard: i16) -> i32 {
-    sqlx::query_scalar("SELECT row_count FROM public.runlimit_gcra_shards WHERE shard = $1")
-        .bind(shard)
-        .fetch_one(connection)
-        .await
-        .expect("read ledger")
+    let ledger = gcra_ledger_table(connection).await;
+    let sql = format!("SELECT row_count FROM {ledger} WHERE shard = $1");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(shard).fetch_one(connection).await.expect("read ledger")
 }
 
 fn gcra(id: &str, quota: u64, period_ms: u64, burst: u64) -> GcraPolicy {
@@ -107,9 +105,14 @@ async fn fixed_window_peeks_write_nothing() {
 #[tokio::test]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn gcra_peeks_write_nothing() {
-    let db = TestDatabase::create("peek_gcra").await;
-    let limiter = PostgresGcraLimiter::new(db.pool(2).await);
-    limiter.migrate().await.unwrap();
+    for row_locks in [false, true] {
+        gcra_peek_writes_nothing(row_locks).await;
+    }
+}
+
+async fn gcra_peek_writes_nothing(row_locks: bool) {
+    let db = TestDatabase::create(if row_locks { "peek_gcra_row_locks" } else { "peek_gcra" }).await;
+    let limiter = gcra_limiter_on(db.pool(2).await, row_locks).await;
     let policy = gcra("control.peek", 1, 60_000, 3);
     let (stored, fresh) = (subject(9, 1), subject(9, 2));
     assert!(limiter.check(&Check::new(stored.bind(&policy))).await.unwrap().permits_request());
@@ -179,12 +182,18 @@ async fn fixed_window_resets_keep_the_ledger_exact_and_are_observed_once() {
 #[tokio::test]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn gcra_resets_keep_the_ledger_exact_and_are_observed_once() {
-    let db = TestDatabase::create("reset_gcra").await;
+    for row_locks in [false, true] {
+        gcra_resets_keep_the_ledger_exact(row_locks).await;
+    }
+}
+
+async fn gcra_resets_keep_the_ledger_exact(row_locks: bool) {
+    let db = TestDatabase::create(if row_locks { "reset_gcra_row_locks" } else { "reset_gcra" }).await;
     let resets = Resets::default();
-    let limiter = PostgresGcraLimiter::new(db.pool(2).await)
+    let limiter = gcra_limiter_on(db.pool(2).await, row_locks)
+        .await
         .with_config(config().with_maximum_rows_per_shard(2).unwrap())
         .with_observer(resets.clone());
-    limiter.migrate().await.unwrap();
     let policy = gcra("control.reset", 1, 60_000, 1);
     let keys: Vec<_> = (1..=3).map(|n| subject(200, n)).collect();
     for key in &keys[..2] {

@@ -45,10 +45,10 @@ fn check(policy: &GcraPolicy, subject: runlimit_core::SubjectKey) -> Check<'_, G
     Check::new(subject.bind(policy))
 }
 
+/// A migrated limiter on the ledger-lock protocol: the tests in this file pin that protocol's
+/// statements and ledger (`tests/postgres/row_locks.rs` pins the row-lock protocol's).
 async fn limiter(db: &TestDatabase, connections: u32) -> PostgresGcraLimiter {
-    let limiter = PostgresGcraLimiter::new(db.pool(connections).await);
-    limiter.migrate().await.expect("migrate");
-    limiter
+    crate::support::ledger_lock_gcra_limiter(db.pool(connections).await).await
 }
 
 /// The database clock in whole milliseconds, as the limiter samples it.
@@ -628,10 +628,16 @@ async fn migrations_upgrade_and_share_the_history() {
             20_250_601_000_003,
             20_250_601_000_004,
             20_250_701_000_001,
-            20_250_701_000_002
+            20_250_701_000_002,
+            20_250_701_000_003
         ]
     );
     assert!(CREATE_RUNLIMIT_GCRA_SQL.contains("CREATE TABLE public.runlimit_gcra ("));
+    // A database with GCRA tables before this migrator ran is not switched: replicas of earlier
+    // releases may be running on it.
+    let ledger_rows = "SELECT (SELECT count(*) FROM public.runlimit_gcra_shards), \
+                       (SELECT count(*) FROM public.runlimit_gcra_ledger)";
+    assert_eq!(sqlx::query_as::<_, (i64, i64)>(ledger_rows).fetch_one(&mut admin).await.unwrap(), (256, 0));
     let policy = gcra_policy_for_migrations();
     assert!(gcra.check(&check(&policy, subject(0, 0))).await.unwrap().permits_request());
     assert!(matches!(gcra.cleanup_expired(5).await, Ok(0)));

@@ -25,4 +25,5 @@ mod observer;
 mod promises;
 mod protocol;
 mod replicas;
+mod row_locks;
 mod rules;

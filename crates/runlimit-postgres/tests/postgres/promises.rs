@@ -79,10 +79,9 @@ async fn gcra_ledger(connection: &mut PgConnection) -> Vec<(i16, i32, i64)> {
     .expect("read gcra ledger")
 }
 
+/// A migrated limiter on the ledger-lock protocol, whose promises these tests pin.
 async fn gcra_limiter(db: &TestDatabase, connections: u32) -> PostgresGcraLimiter {
-    let limiter = PostgresGcraLimiter::new(db.pool(connections).await);
-    limiter.migrate().await.expect("migrate gcra");
-    limiter
+    crate::support::ledger_lock_gcra_limiter(db.pool(connections).await).await
 }
 
 /// A batch touching shards 200 and 7, given in descending shard order, waits for a stranger

@@ -470,9 +470,11 @@ async fn assert_stored(
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
 async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
     let db = TestDatabase::create("protocol_round_trips").await;
-    // Migrations run on direct connections, outside the proxy.
+    // Migrations run on direct connections, outside the proxy. GCRA on the ledger-lock
+    // protocol; `row_lock_admissions_take_a_fixed_number_of_round_trips_and_statements` pins the
+    // row-lock protocol's.
     db.limiter(1).await;
-    PostgresGcraLimiter::new(db.pool(1).await).migrate().await.expect("migrate GCRA");
+    ledger_lock_gcra_limiter(db.pool(1).await).await;
     let mut connection = db.connection().await;
     let proxy = CountingProxy::start(&db.options).await;
     let maximum = PostgresStore::<FixedWindowPolicy>::MAX_BATCH_SIZE;
@@ -769,6 +771,87 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
 
     drop(connection);
     fixed.pool().close().await;
+    gcra.pool().close().await;
+    drop(proxy);
+    db.finish().await;
+}
+
+const ROW_LOCK_ADMIT: &str = "EXECUTE runlimit_gcra_rowlock_admit_one_v1(";
+const ROW_LOCK_INSERT: &str = "EXECUTE runlimit_gcra_rowlock_insert_one_v1(";
+const ROW_LOCK_READ: &str = "EXECUTE runlimit_gcra_rowlock_read_";
+const LEDGER_LOCK: &str = "EXECUTE runlimit_gcra_ledger_lock_";
+const LEDGER_WRITE: &str = "EXECUTE runlimit_gcra_ledger_write_";
+
+/// On the row-lock protocol (a fresh database, which `migrate` switches), a one-check admission
+/// is two round trips: `BEGIN`, the settings and the admission statement, then `COMMIT` alone
+/// (a stored key the statement updated), the insert and `COMMIT` (a new key), or the read of the
+/// key's time and `ROLLBACK` (a denial); a batch locks the row-lock ledger and reads its keys'
+/// rows with row locks, then writes and commits, for every batch size. A limiter that did not
+/// migrate learns the switch on its first admission, and admits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn row_lock_admissions_take_a_fixed_number_of_round_trips_and_statements() {
+    let db = TestDatabase::create("protocol_row_locks").await;
+    gcra_limiter_on(db.pool(1).await, true).await;
+    let proxy = CountingProxy::start(&db.options).await;
+    let gcra = PostgresGcraLimiter::new(counted_pool(&db, &proxy).await);
+    let policy = gcra_policy("protocol.row_locks", 1, 3_600_000, 2);
+    unrecorded(&proxy, gcra.pool(), "SELECT 1").await;
+    // Learning the switch: the ledger-lock admission finds no ledger row, the transaction is
+    // rolled back, the row-lock ledger is counted, and the check is admitted on row locks.
+    let (warm_up, recording) =
+        recorded(&proxy, gcra.pool(), gcra.check(&gcra_check(&policy, subject(255, u64::MAX)))).await;
+    assert!(warm_up.unwrap().permits_request());
+    let statements = recording.statements();
+    assert!(
+        statements.iter().any(|round_trip| round_trip.iter().any(|s| s.starts_with(ROW_LOCK_ADMIT))),
+        "{:#?}",
+        abbreviated(&statements)
+    );
+    let warm_up_batch =
+        [gcra_check(&policy, subject(254, u64::MAX)), gcra_check(&policy, subject(253, u64::MAX))];
+    let (decision, _) = recorded(&proxy, gcra.pool(), gcra.check_all(&warm_up_batch)).await;
+    assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+    for size in [1, 2, 8, PostgresStore::<GcraPolicy>::MAX_BATCH_SIZE] {
+        let checks: Vec<_> = (0..size).map(|index| gcra_check(&policy, batch_subject(size, index))).collect();
+        let context = |what: &str| format!("GCRA row locks, batch of {size}, {what}");
+        if size == 1 {
+            let first = [BEGIN, SETTINGS, ROW_LOCK_ADMIT];
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
+            assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+            assert_script(&recording, &[&first, &[ROW_LOCK_INSERT, COMMIT]], &context("new key"));
+            assert_eq!(recording.figures(), (2, 5), "{}", context("new key"));
+            assert_carries_keys(&recording, (0, 2), 1, &context("new key"));
+            assert_carries_keys(&recording, (1, 0), 1, &context("new key"));
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
+            assert!(decision.unwrap().permits_request());
+            assert_script(&recording, &[&first, &[COMMIT]], &context("stored key"));
+            assert_eq!(recording.figures(), (2, 4), "{}", context("stored key"));
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check(&checks[0])).await;
+            assert!(!decision.unwrap().permits_request());
+            assert_script(&recording, &[&first, &[GCRA_READ, ROLLBACK]], &context("denied"));
+            assert_eq!(recording.figures(), (2, 5), "{}", context("denied"));
+            continue;
+        }
+        for what in ["new keys", "stored keys"] {
+            let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
+            assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
+            assert_script(
+                &recording,
+                &[&[BEGIN, SETTINGS, LEDGER_LOCK, ROW_LOCK_READ], &[LEDGER_WRITE, COMMIT]],
+                &context(what),
+            );
+            assert_eq!(recording.figures(), (2, 6), "{}", context(what));
+            assert_carries_keys(&recording, (0, 3), size, &context(what));
+        }
+        let (decision, recording) = recorded(&proxy, gcra.pool(), gcra.check_all(&checks)).await;
+        assert!(denied_first(&decision.unwrap()));
+        assert_script(
+            &recording,
+            &[&[BEGIN, SETTINGS, LEDGER_LOCK, ROW_LOCK_READ], &[ROLLBACK]],
+            &context("denied"),
+        );
+    }
     gcra.pool().close().await;
     drop(proxy);
     db.finish().await;
@@ -1088,7 +1171,8 @@ async fn previous_and_current_gcra_protocols_share_keys_without_over_admission()
     const PERIOD_MS: u64 = 3_600_000;
     const EMISSION_INTERVAL_MS: i64 = 72_000;
     let db = TestDatabase::create("protocol_interop_gcra").await;
-    PostgresGcraLimiter::new(db.pool(1).await).migrate().await.expect("migrate GCRA");
+    // A database the previous releases ran on: the ledger-lock protocol.
+    ledger_lock_gcra_limiter(db.pool(1).await).await;
     let current = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
     let configs = [
         current.with_previous_admission_protocol(),
@@ -1192,6 +1276,192 @@ async fn previous_and_current_gcra_protocols_share_keys_without_over_admission()
     println!(
         "GCRA: {operations} operations in {elapsed_ms} ms; per limiter (earlier statements, previous prepared, current, current): {:?}",
         tallies.iter().map(|t| (t.allowed_singles, t.allowed_batches, t.denied)).collect::<Vec<_>>()
+    );
+    drop(connection);
+    for limiter in &limiters {
+        limiter.pool().close().await;
+    }
+    db.finish().await;
+}
+
+/// A rolling deploy through the GCRA protocol switch: on a database the ledger-lock releases
+/// installed, four replicas (an earlier release's statements, the release before the row-lock
+/// protocol, and two of this release) run single checks and two-key batches on 8 shared keys
+/// over 3 shards, a burst of 80 in an hour each, and one replica of this release switches the
+/// protocol while they run. Before the switch every replica admits; after it the two earlier
+/// ones fail closed (errors that consumed nothing) and this release's replicas go on, on row
+/// locks. Across the whole run no key admits more than its burst, the stored arrival time of
+/// each key is exactly its admissions counted by the clients (no admission decided on a time
+/// another had moved, under either protocol or across the switch), no batch committed half,
+/// and the row-lock ledger counts the rows of every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn gcra_replicas_roll_through_the_switch_without_over_admission() {
+    const BURST: u64 = 80;
+    const EMISSION_INTERVAL_MS: i64 = 45_000;
+    const OPERATIONS: usize = 60;
+    let db = TestDatabase::create("protocol_switch_gcra").await;
+    ledger_lock_gcra_limiter(db.pool(1).await).await;
+    let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
+    let configs =
+        [patient.with_previous_admission_protocol(), patient.with_ledger_lock_protocol(), patient, patient];
+    let mut limiters = Vec::new();
+    for config in configs {
+        limiters.push(Arc::new(PostgresGcraLimiter::new(db.pool(3).await).with_config(config)));
+    }
+    let policy = Arc::new(gcra_policy("protocol.switch", BURST, 3_600_000, BURST));
+    let mut connection = db.connection().await;
+    let start_ms = db_now_ms(&mut connection).await;
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Set before the switch starts and after it committed: an operation that failed must have
+    // ended after the first, and one that started after the second runs on row locks.
+    let switching = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let switched = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    #[derive(Debug, Default)]
+    struct Counts {
+        singles: u64,
+        batches: u64,
+        denied: u64,
+        fenced_before: u64,
+        fenced_after: u64,
+        ok_after_switch: u64,
+        admitted_after_switch: u64,
+        admitted: HashMap<usize, u64>,
+    }
+    let mut handles = Vec::new();
+    for (index, limiter) in limiters.iter().enumerate() {
+        for worker in 0..TASKS_PER_LIMITER {
+            let (limiter, policy) = (Arc::clone(limiter), Arc::clone(&policy));
+            let (done, switching, switched) =
+                (Arc::clone(&done), Arc::clone(&switching), Arc::clone(&switched));
+            let task = index * TASKS_PER_LIMITER + worker;
+            handles.push((
+                index,
+                tokio::spawn(async move {
+                    let mut counts = Counts::default();
+                    for operation in 0..OPERATIONS {
+                        let keys = scheduled_keys(task, operation);
+                        let checks: Vec<_> =
+                            keys.iter().map(|&key| gcra_check(&policy, shared_subject(key))).collect();
+                        let after = switched.load(std::sync::atomic::Ordering::SeqCst);
+                        match limiter.check_all(&checks).await {
+                            Ok(decision) => {
+                                if after {
+                                    counts.ok_after_switch += 1;
+                                }
+                                if allowed(&decision, keys.len()) {
+                                    if after {
+                                        counts.admitted_after_switch += 1;
+                                    }
+                                    if keys.len() == 1 {
+                                        counts.singles += 1
+                                    } else {
+                                        counts.batches += 1
+                                    }
+                                    for key in keys {
+                                        *counts.admitted.entry(key).or_default() += 1;
+                                    }
+                                } else {
+                                    counts.denied += 1;
+                                }
+                            }
+                            Err(error) => {
+                                assert!(index < 2, "replica {index} of this release failed: {error:?}");
+                                let ended_switching = switching.load(std::sync::atomic::Ordering::SeqCst);
+                                assert_eq!(
+                                    error.consumption(),
+                                    runlimit_core::ConsumptionStatus::NotConsumed,
+                                    "{error:?}"
+                                );
+                                if ended_switching {
+                                    counts.fenced_after += 1
+                                } else {
+                                    counts.fenced_before += 1
+                                }
+                            }
+                        }
+                        done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    counts
+                }),
+            ));
+        }
+    }
+    // Switch a third of the way through.
+    let total = LIMITERS * TASKS_PER_LIMITER * OPERATIONS;
+    while done.load(std::sync::atomic::Ordering::SeqCst) < total / 3 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    switching.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(limiters[2].switch_to_row_locks().await.unwrap());
+    switched.store(true, std::sync::atomic::Ordering::SeqCst);
+    let switched_at_operation = done.load(std::sync::atomic::Ordering::SeqCst);
+    let mut per_replica: Vec<Counts> = (0..LIMITERS).map(|_| Counts::default()).collect();
+    for (index, handle) in handles {
+        let counts = handle.await.unwrap();
+        let into = &mut per_replica[index];
+        into.singles += counts.singles;
+        into.batches += counts.batches;
+        into.denied += counts.denied;
+        into.fenced_before += counts.fenced_before;
+        into.fenced_after += counts.fenced_after;
+        into.ok_after_switch += counts.ok_after_switch;
+        into.admitted_after_switch += counts.admitted_after_switch;
+        for (key, count) in counts.admitted {
+            *into.admitted.entry(key).or_default() += count;
+        }
+    }
+    let elapsed_ms = db_now_ms(&mut connection).await - start_ms;
+    assert!(elapsed_ms < EMISSION_INTERVAL_MS, "no unit can replenish within the test: {elapsed_ms} ms");
+    for (index, counts) in per_replica.iter().enumerate() {
+        assert!(
+            counts.singles + counts.batches > 0,
+            "replica {index} admitted before the switch: {counts:?}"
+        );
+        if index < 2 {
+            assert!(counts.fenced_after > 0, "replica {index} was fenced after the switch: {counts:?}");
+            assert_eq!(counts.ok_after_switch, 0, "replica {index} decided after the switch: {counts:?}");
+        } else {
+            assert!(
+                counts.admitted_after_switch > 0,
+                "replica {index} admitted after the switch: {counts:?}"
+            );
+        }
+        assert_eq!(counts.fenced_before, 0, "replica {index}: {counts:?}");
+    }
+    let (mut admitted_total, mut singles, mut batches) = (0, 0, 0);
+    for counts in &per_replica {
+        singles += counts.singles;
+        batches += counts.batches;
+    }
+    for key in 0..SHARED_KEYS {
+        let admitted: u64 =
+            per_replica.iter().map(|counts| counts.admitted.get(&key).copied().unwrap_or(0)).sum();
+        assert!(admitted <= BURST, "key {key}: {admitted} admitted");
+        admitted_total += admitted;
+        let (tat_ms, tat_remainder): (i64, i64) =
+            sqlx::query_as("SELECT tat_ms, tat_remainder FROM public.runlimit_gcra WHERE counter_key = $1")
+                .bind(gcra_check(&policy, shared_subject(key)).counter_key().to_bytes().as_slice())
+                .fetch_one(&mut connection)
+                .await
+                .unwrap();
+        assert_eq!(tat_remainder, 0, "key {key}");
+        assert_eq!(
+            (tat_ms - start_ms).div_euclid(EMISSION_INTERVAL_MS),
+            i64::try_from(admitted).unwrap(),
+            "key {key}: stored arrival time {tat_ms} against {admitted} admissions from {start_ms}"
+        );
+    }
+    assert_eq!(admitted_total, singles + 2 * batches, "no half-committed batch");
+    let (ledger, rows) =
+        ledger_and_rows(&mut connection, "public.runlimit_gcra_ledger", "public.runlimit_gcra").await;
+    assert_eq!(ledger, rows, "the row-lock ledger counts the rows of every shard");
+    assert_eq!(rows, vec![(40, 3), (41, 3), (42, 2)]);
+    println!(
+        "switched after {switched_at_operation} of {total} operations in {elapsed_ms} ms; per replica \
+         (admitted singles, batches, denied, fenced): {:?}",
+        per_replica.iter().map(|c| (c.singles, c.batches, c.denied, c.fenced_after)).collect::<Vec<_>>()
     );
     drop(connection);
     for limiter in &limiters {

@@ -89,6 +89,49 @@ impl TestDatabase {
     }
 }
 
+/// Installs the GCRA tables as a release before the row-lock protocol did (its two migrations,
+/// in a history other migrators share), so that a later `PostgresGcraLimiter::migrate` finds an
+/// existing ledger-lock database: it adds the row-lock migration without switching, as on every
+/// database that existed before it. Tests of the ledger-lock protocol start here.
+pub(crate) async fn migrate_gcra_as_earlier_release(pool: &PgPool) {
+    let earlier = runlimit_postgres::GCRA_MIGRATOR.iter().take(2).cloned().collect();
+    let mut migrator = sqlx::migrate::Migrator::with_migrations(earlier);
+    migrator.set_ignore_missing(true);
+    let mut connection = pool.acquire().await.expect("acquire a connection to migrate");
+    migrator.run_direct(None, &mut *connection, false).await.expect("apply the earlier GCRA migrations");
+}
+
+/// A migrated `PostgresGcraLimiter` on the ledger-lock protocol (see
+/// [`migrate_gcra_as_earlier_release`]).
+pub(crate) async fn ledger_lock_gcra_limiter(pool: PgPool) -> runlimit_postgres::PostgresGcraLimiter {
+    migrate_gcra_as_earlier_release(&pool).await;
+    let limiter = runlimit_postgres::PostgresGcraLimiter::new(pool);
+    limiter.migrate().await.expect("migrate");
+    limiter
+}
+
+/// A migrated `PostgresGcraLimiter` on `pool`: on the row-lock protocol (`row_locks`; a fresh
+/// database, which `migrate` switches) or on the ledger-lock protocol.
+pub(crate) async fn gcra_limiter_on(pool: PgPool, row_locks: bool) -> runlimit_postgres::PostgresGcraLimiter {
+    if row_locks {
+        let limiter = runlimit_postgres::PostgresGcraLimiter::new(pool);
+        limiter.migrate().await.expect("migrate");
+        limiter
+    } else {
+        ledger_lock_gcra_limiter(pool).await
+    }
+}
+
+/// The GCRA capacity ledger in use: `public.runlimit_gcra_ledger` once the protocol was switched
+/// to row locks (it then holds the 256 rows), else `public.runlimit_gcra_shards`.
+pub(crate) async fn gcra_ledger_table(connection: &mut PgConnection) -> &'static str {
+    let switched: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM public.runlimit_gcra_ledger)")
+        .fetch_one(connection)
+        .await
+        .expect("read the row-lock ledger");
+    if switched { "public.runlimit_gcra_ledger" } else { "public.runlimit_gcra_shards" }
+}
+
 pub(crate) fn policy(id: &str, limit: u64, window: Duration) -> FixedWindowPolicy {
     FixedWindowPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("subject").unwrap(), limit, window)
         .unwrap()

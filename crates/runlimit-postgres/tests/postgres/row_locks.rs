@@ -1,0 +1,380 @@
+//! The GCRA row-lock protocol against the real server: the switch moves the capacity ledger
+//! exactly and once, replicas that know only the ledger-lock protocol fail closed after it,
+//! replicas that know both learn it, and one-check admissions without a shard lock still admit
+//! exactly the burst of a key hammered by many replicas at once and exactly the capacity of a
+//! shard filled by new keys at once.
+
+use std::{sync::Arc, time::Duration};
+
+use runlimit_core::{
+    BatchDecisionView, Check, ConsumptionStatus, DecisionView, Denial, GcraPolicy, PolicyId, ScopeId,
+};
+use runlimit_memory::{GcraStore, ManualClock, MemoryStoreConfig};
+use runlimit_postgres::{CheckError, MaintenanceError, PostgresGcraLimiter};
+use sqlx::PgConnection;
+
+use crate::support::*;
+
+fn gcra(id: &str, quota: u64, period_ms: u64, burst: u64) -> GcraPolicy {
+    GcraPolicy::new(
+        PolicyId::new(id).unwrap(),
+        ScopeId::new("subject").unwrap(),
+        quota,
+        Duration::from_millis(period_ms),
+        burst,
+    )
+    .unwrap()
+}
+
+fn check(policy: &GcraPolicy, subject: runlimit_core::SubjectKey) -> Check<'_, GcraPolicy> {
+    Check::new(subject.bind(policy))
+}
+
+/// `(rows, sum of row counts, max watermark)` of a ledger table.
+async fn ledger(connection: &mut PgConnection, table: &str) -> (i64, i64, Option<i64>) {
+    let sql = format!("SELECT count(*), COALESCE(sum(row_count), 0)::bigint, max(watermark_ms) FROM {table}");
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(connection).await.unwrap()
+}
+
+async fn stored(connection: &mut PgConnection, check: &Check<'_, GcraPolicy>) -> Option<(i64, i64)> {
+    sqlx::query_as("SELECT tat_ms, tat_remainder FROM public.runlimit_gcra WHERE counter_key = $1")
+        .bind(check.counter_key().to_bytes().as_slice())
+        .fetch_optional(connection)
+        .await
+        .unwrap()
+}
+
+async fn db_now(connection: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
+        .fetch_one(connection)
+        .await
+        .unwrap()
+}
+
+/// The switch moves the 256 ledger rows, their counts and watermarks (each at least the
+/// switch's clock), in one transaction, and reports it; a second switch changes nothing and
+/// says so. A database `migrate` installs the tables on is switched by it.
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn the_switch_moves_the_ledger_once() {
+    let db = TestDatabase::create("row_locks_switch").await;
+    let limiter = ledger_lock_gcra_limiter(db.pool(2).await).await;
+    let policy = gcra("row_locks.switch", 1, 60_000, 2);
+    for (shard, n) in [(5, 1), (5, 2), (9, 1)] {
+        assert!(limiter.check(&check(&policy, subject(shard, n))).await.unwrap().permits_request());
+    }
+    let mut admin = db.connection().await;
+    let far = db_now(&mut admin).await + 86_400_000;
+    sqlx::query("UPDATE public.runlimit_gcra_shards SET watermark_ms = $1 WHERE shard = 9")
+        .bind(far)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let before = ledger(&mut admin, "public.runlimit_gcra_shards").await;
+    assert_eq!((before.0, before.1), (256, 3));
+    let per_shard =
+        "SELECT shard, row_count FROM public.runlimit_gcra_ledger WHERE row_count > 0 ORDER BY shard";
+
+    let switched_at = db_now(&mut admin).await;
+    assert!(limiter.switch_to_row_locks().await.unwrap());
+    assert_eq!(ledger(&mut admin, "public.runlimit_gcra_shards").await, (0, 0, None));
+    assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await, (256, 3, Some(far)));
+    let counts: Vec<(i16, i32)> = sqlx::query_as(per_shard).fetch_all(&mut admin).await.unwrap();
+    assert_eq!(counts, [(5, 2), (9, 1)]);
+    let slowest: i64 = sqlx::query_scalar("SELECT min(watermark_ms) FROM public.runlimit_gcra_ledger")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        slowest >= switched_at,
+        "every watermark is at least the switch's clock: {slowest} < {switched_at}"
+    );
+
+    assert!(!limiter.switch_to_row_locks().await.unwrap(), "switched once");
+    assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await, (256, 3, Some(far)));
+    // Admissions go on from the moved state: the two stored keys of shard 5 keep their
+    // arrival times (the burst of 2 has one unit left each), a new key is counted.
+    assert!(limiter.check(&check(&policy, subject(5, 1))).await.unwrap().permits_request());
+    assert!(!limiter.check(&check(&policy, subject(5, 1))).await.unwrap().permits_request());
+    assert!(limiter.check(&check(&policy, subject(5, 3))).await.unwrap().permits_request());
+    let counts: Vec<(i16, i32)> = sqlx::query_as(per_shard).fetch_all(&mut admin).await.unwrap();
+    assert_eq!(counts, [(5, 3), (9, 1)]);
+
+    // A fresh database is switched by `migrate`.
+    let fresh = TestDatabase::create("row_locks_fresh").await;
+    let fresh_limiter = gcra_limiter_on(fresh.pool(1).await, true).await;
+    let mut fresh_admin = fresh.connection().await;
+    assert_eq!(ledger(&mut fresh_admin, "public.runlimit_gcra_shards").await, (0, 0, None));
+    assert_eq!(ledger(&mut fresh_admin, "public.runlimit_gcra_ledger").await.0, 256);
+    assert!(!fresh_limiter.switch_to_row_locks().await.unwrap());
+    drop(fresh_admin);
+    fresh.finish().await;
+    drop(admin);
+    db.finish().await;
+}
+
+fn assert_fenced(error: &CheckError, what: &str) {
+    assert!(
+        matches!(error, CheckError::MalformedResponse { .. }),
+        "{what}: an earlier replica fails closed after the switch, got {error:?}"
+    );
+    assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed, "{what}");
+}
+
+/// After the switch, replicas that know only the ledger-lock protocol (the release before it,
+/// and earlier releases' statements) find no ledger row: their checks, batches, peeks, resets
+/// and cleanup fail closed and change nothing. A replica of this release that had not heard of
+/// the switch learns it from the same missing rows and admits.
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn earlier_replicas_fail_closed_after_the_switch_and_current_ones_learn_it() {
+    let db = TestDatabase::create("row_locks_fence").await;
+    let switcher = ledger_lock_gcra_limiter(db.pool(1).await).await;
+    let policy = gcra("row_locks.fence", 1, 60_000, 4);
+    let key = check(&policy, subject(12, 1));
+    let unaware = PostgresGcraLimiter::new(db.pool(1).await);
+    assert!(unaware.check(&key).await.unwrap().permits_request(), "before the switch, on ledger locks");
+    let earlier: Vec<PostgresGcraLimiter> = [
+        config().with_ledger_lock_protocol(),
+        config().with_previous_prepared_protocol(),
+        config().with_previous_admission_protocol(),
+    ]
+    .into_iter()
+    .map(|config| PostgresGcraLimiter::new(switcher.pool().clone()).with_config(config))
+    .collect();
+    for limiter in &earlier {
+        assert!(limiter.check(&key).await.unwrap().permits_request(), "before the switch");
+    }
+    let mut admin = db.connection().await;
+    let before = stored(&mut admin, &key).await;
+    assert!(switcher.switch_to_row_locks().await.unwrap());
+
+    for (index, limiter) in earlier.iter().enumerate() {
+        let what = format!("earlier replica {index}");
+        assert_fenced(&limiter.check(&key).await.unwrap_err(), &format!("{what}, check"));
+        let batch = [key.clone(), check(&policy, subject(12, 2))];
+        let error = limiter.check_all(&batch).await.unwrap_err();
+        assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed, "{what}, batch");
+        assert!(
+            matches!(error, runlimit_postgres::BatchCheckError::Check(CheckError::MalformedResponse { .. })),
+            "{what}, batch: {error:?}"
+        );
+        if index == 0 {
+            assert_fenced(&limiter.peek(subject(12, 1).bind(&policy)).await.unwrap_err(), "peek");
+            let reset = limiter.reset(subject(12, 1).bind(&policy)).await.unwrap_err();
+            assert!(matches!(reset, MaintenanceError::MalformedResponse { .. }), "reset: {reset:?}");
+            let cleanup = limiter.cleanup_expired(10).await.unwrap_err();
+            assert!(matches!(cleanup, MaintenanceError::MalformedResponse { .. }), "cleanup: {cleanup:?}");
+        }
+    }
+    assert_eq!(stored(&mut admin, &key).await, before, "the fenced replicas changed nothing");
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM public.runlimit_gcra").fetch_one(&mut admin).await.unwrap();
+    assert_eq!(rows, 1, "the fenced batches inserted nothing");
+
+    // Four admissions of a burst of 4 so far: the unaware replica's check is denied, with the
+    // retry-after the stored time gives: until it is at most (burst − 1) intervals ahead.
+    let decision = unaware.check(&key).await.unwrap();
+    let DecisionView::Denied { denial: Denial::QuotaExceeded(quota) } = decision.view() else {
+        panic!("expected a quota denial, got {decision:?}")
+    };
+    let (tat_ms, _) = before.unwrap();
+    let now = db_now(&mut admin).await;
+    let retry = i64::try_from(quota.retry_after().millis()).unwrap();
+    assert!(
+        (tat_ms - 3 * 60_000 - now..=tat_ms - 3 * 60_000 - now + 1_000).contains(&retry),
+        "retry-after {retry} ms against the stored {tat_ms} at {now}"
+    );
+    assert!(unaware.peek(subject(12, 1).bind(&policy)).await.unwrap().available() == 0);
+    assert!(unaware.reset(subject(12, 1).bind(&policy)).await.unwrap());
+    assert!(unaware.check(&key).await.unwrap().permits_request(), "reset on row locks");
+    assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await.1, 1);
+    drop(admin);
+    db.finish().await;
+}
+
+/// Sixteen tasks over four replicas hammer one key with single checks and two-key batches
+/// (with a second key) on the row-lock protocol: the one-checks take no shard lock, yet the key
+/// admits exactly its burst, the second key exactly what the batches that were allowed took,
+/// and the stored arrival times are exactly the admissions' sum, so no admission decided on a
+/// time another had already moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_hammered_key_admits_exactly_its_burst() {
+    const BURST: u64 = 40;
+    const INTERVAL_MS: i64 = 90_000; // one unit per 90 s: nothing replenishes during the test
+    let db = TestDatabase::create("row_locks_hammer").await;
+    let first = gcra_limiter_on(db.pool(4).await, true).await;
+    let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
+    let mut replicas = vec![first.with_config(patient)];
+    for _ in 0..3 {
+        replicas.push(PostgresGcraLimiter::new(db.pool(4).await).with_config(patient));
+    }
+    let policy = Arc::new(gcra("row_locks.hammer", 1, 90_000, BURST));
+    let mut admin = db.connection().await;
+    let start = db_now(&mut admin).await;
+    let mut tasks = Vec::new();
+    for (index, replica) in replicas.iter().enumerate() {
+        for worker in 0..4usize {
+            let replica = replica.clone();
+            let policy = Arc::clone(&policy);
+            tasks.push(tokio::spawn(async move {
+                let (mut hot, mut cold) = (0u64, 0u64);
+                for operation in 0..12usize {
+                    let hot_key = check(&policy, subject(77, 1));
+                    if (index + worker + operation) % 3 == 0 {
+                        let batch = [hot_key, check(&policy, subject(78, 1))];
+                        let decision = replica.check_all(&batch).await.expect("no errors");
+                        if matches!(decision.view(), BatchDecisionView::Allowed { .. }) {
+                            hot += 1;
+                            cold += 1;
+                        }
+                    } else if replica.check(&hot_key).await.expect("no errors").permits_request() {
+                        hot += 1;
+                    }
+                }
+                (hot, cold)
+            }));
+        }
+    }
+    let (mut hot, mut cold) = (0, 0);
+    for task in tasks {
+        let (h, c) = task.await.unwrap();
+        hot += h;
+        cold += c;
+    }
+    let elapsed = db_now(&mut admin).await - start;
+    assert!(elapsed < INTERVAL_MS, "{elapsed} ms");
+    assert_eq!(hot, BURST, "16 × 12 = 192 attempts on a burst of {BURST}");
+    let hot_tat = stored(&mut admin, &check(&policy, subject(77, 1))).await.unwrap();
+    assert_eq!((hot_tat.0 - start).div_euclid(INTERVAL_MS), i64::try_from(BURST).unwrap());
+    assert_eq!(hot_tat.1, 0);
+    let cold_tat = stored(&mut admin, &check(&policy, subject(78, 1))).await.unwrap();
+    assert_eq!((cold_tat.0 - start).div_euclid(INTERVAL_MS), i64::try_from(cold).unwrap());
+    assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await.1, 2);
+    drop(admin);
+    for replica in &replicas {
+        replica.pool().close().await;
+    }
+    db.finish().await;
+}
+
+/// Twenty new keys of one shard at once from four replicas, the shard bounded at 5 rows: exactly
+/// 5 are admitted, the others get a storage-capacity denial, and the ledger counts the 5 rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn new_keys_fill_a_shard_exactly() {
+    let db = TestDatabase::create("row_locks_capacity").await;
+    let bounded = config()
+        .with_maximum_rows_per_shard(5)
+        .unwrap()
+        .with_operation_timeout(Duration::from_secs(10))
+        .unwrap();
+    let first = gcra_limiter_on(db.pool(5).await, true).await.with_config(bounded);
+    let mut replicas = vec![first];
+    for _ in 0..3 {
+        replicas.push(PostgresGcraLimiter::new(db.pool(5).await).with_config(bounded));
+    }
+    let policy = Arc::new(gcra("row_locks.capacity", 1, 60_000, 1));
+    let mut tasks = Vec::new();
+    for n in 0..20u64 {
+        let replica = replicas[usize::try_from(n % 4).unwrap()].clone();
+        let policy = Arc::clone(&policy);
+        tasks.push(tokio::spawn(async move {
+            let decision = replica.check(&check(&policy, subject(33, n))).await.expect("no errors");
+            match decision.view() {
+                DecisionView::Allowed { .. } => true,
+                DecisionView::Denied { denial: Denial::StorageCapacity { .. } } => false,
+                other => panic!("unexpected {other:?}"),
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    assert_eq!(admitted, 5);
+    let mut admin = db.connection().await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.runlimit_gcra WHERE capacity_shard = 33")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    let counted: i32 =
+        sqlx::query_scalar("SELECT row_count FROM public.runlimit_gcra_ledger WHERE shard = 33")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!((rows, counted), (5, 5));
+    drop(admin);
+    for replica in &replicas {
+        replica.pool().close().await;
+    }
+    db.finish().await;
+}
+
+/// The row-lock protocol decides exactly as `GcraStore` at the same instants: time is pinned
+/// through the row-lock ledger's watermarks (far ahead of the clock), single checks, shadow
+/// checks and batches over four policies and four keys, for 300 random steps.
+#[tokio::test]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn decides_as_gcra_store_at_pinned_instants() {
+    let db = TestDatabase::create("row_locks_differential").await;
+    let limiter = gcra_limiter_on(db.pool(2).await, true).await;
+    let mut admin = db.connection().await;
+    let clock = ManualClock::new();
+    let store = GcraStore::builder(MemoryStoreConfig::new(10_000).unwrap()).with_clock(clock.clone()).build();
+    let policies = [
+        gcra("diff.v2", 3, 1_000, 2),
+        gcra("diff.v1", 10, 1_000, 20),
+        gcra("diff.minute", 1, 60_000, 1),
+        gcra("diff.v5", 2, 1_000, 4),
+    ];
+    let shadow = policies[0].clone().with_quota_mode(runlimit_core::QuotaMode::Shadow);
+    let subjects = [subject(3, 1), subject(3, 2), subject(7, 1), subject(200, 9)];
+    let base = db_now(&mut admin).await + 10 * 24 * 3_600_000;
+    let mut offset = 0u64;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    let steps_ms = [0, 0, 0, 1, 50, 99, 100, 333, 334, 500, 1_000, 2_500, 61_000];
+    for step in 0..300 {
+        offset += steps_ms[usize::try_from(next(steps_ms.len() as u64)).unwrap()];
+        clock.set(Duration::from_millis(offset));
+        sqlx::query("UPDATE public.runlimit_gcra_ledger SET watermark_ms = $1")
+            .bind(base + i64::try_from(offset).unwrap())
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let s = usize::try_from(next(subjects.len() as u64)).unwrap();
+        let p = usize::try_from(next(policies.len() as u64)).unwrap();
+        match next(4) {
+            0 | 1 => {
+                let check = check(&policies[p], subjects[s]);
+                assert_eq!(limiter.check(&check).await.unwrap(), store.check(&check).unwrap(), "step {step}");
+            }
+            2 => {
+                let check = check(&shadow, subjects[s]);
+                assert_eq!(
+                    limiter.check(&check).await.unwrap(),
+                    store.check(&check).unwrap(),
+                    "shadow {step}"
+                );
+            }
+            _ => {
+                let other = (s + 1 + usize::try_from(next(3)).unwrap()) % subjects.len();
+                let checks = [check(&policies[p], subjects[s]), check(&policies[p], subjects[other])];
+                assert_eq!(
+                    limiter.check_all(&checks).await.unwrap(),
+                    store.check_all(&checks).unwrap(),
+                    "batch {step}"
+                );
+            }
+        }
+    }
+    drop(admin);
+    db.finish().await;
+}
