@@ -19,12 +19,16 @@
 //!   the database's answer before it decides to commit;
 //! - `single`: `PostgresLimiter::check` of one key (always allowed);
 //! - `batch2`: `PostgresLimiter::check_all` of two keys (always allowed);
-//! - `gcra`: `PostgresGcraLimiter::check` of one key (always allowed);
-//! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed);
+//! - `gcra`: `PostgresGcraLimiter::check` of one key (always allowed), on the row-lock protocol
+//!   (the bench's database is new, so `migrate` switched it);
+//! - `gcra2`: `PostgresGcraLimiter::check_all` of two keys (always allowed), the same;
+//! - `gcra-ledger` and `gcra2-ledger`: the same on a second database, `runlimit_pg_bench_ledger`,
+//!   installed as a release before the row-lock protocol did and not switched: the ledger-lock
+//!   protocol every database that existed before it keeps until its operator switches it;
 //! - `denied`: `PostgresLimiter::check` of one key whose quota (1 per hour) is used up, so
 //!   every check after the first is denied and rolled back;
-//! - the same five with the suffix `-prev`: the statements earlier releases send instead of the
-//!   prepared statements and admission functions, for comparison.
+//! - `single`, `batch2` and `denied` with the suffix `-prev`: the statements earlier releases
+//!   send instead of the prepared statements and admission functions, for comparison.
 //!
 //! Beside requests/s and checks/s it prints the server CPU per request in microseconds: the
 //! user and system time of the pool's own backend processes (`/proc/<pid>/stat`, clock ticks of
@@ -33,10 +37,10 @@
 //! Background processes (WAL writer, checkpointer) are not counted, for any row.
 //!
 //! At 8 tasks it then measures `RUNLIMIT_BENCH_ROUNDS` (default 4) more sets of the floor,
-//! `single`, `gcra` and `batch2`, one after the other, and judges the targets on the median
+//! `single`, `gcra`, `batch2` and `gcra-ledger`, one after the other, and judges the targets on the median
 //! ratios to the floor over every set: on a small shared machine one measurement moves with
 //! whatever else runs. `RUNLIMIT_BENCH_TASKS=8` restricts the run to one concurrency. The bench
-//! creates (and drops) its own database `runlimit_pg_bench`. Without `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` it
+//! creates (and drops) its own databases `runlimit_pg_bench` and `runlimit_pg_bench_ledger`. Without `RUNLIMIT_POSTGRES_TEST_DATABASE_URL` it
 //! prints a notice and exits successfully.
 
 use std::{
@@ -69,8 +73,8 @@ enum Workload {
     Denied,
     SinglePrevious,
     Batch2Previous,
-    GcraPrevious,
-    Gcra2Previous,
+    GcraLedger,
+    Gcra2Ledger,
     DeniedPrevious,
 }
 
@@ -85,8 +89,8 @@ impl Workload {
             Self::Gcra2 => "gcra2",
             Self::SinglePrevious => "single-prev",
             Self::Batch2Previous => "batch2-prev",
-            Self::GcraPrevious => "gcra-prev",
-            Self::Gcra2Previous => "gcra2-prev",
+            Self::GcraLedger => "gcra-ledger",
+            Self::Gcra2Ledger => "gcra2-ledger",
             Self::Denied => "denied",
             Self::DeniedPrevious => "denied-prev",
         }
@@ -100,10 +104,15 @@ impl Workload {
             | Self::Gcra
             | Self::Denied
             | Self::SinglePrevious
-            | Self::GcraPrevious
+            | Self::GcraLedger
             | Self::DeniedPrevious => 1,
-            Self::Batch2 | Self::Gcra2 | Self::Batch2Previous | Self::Gcra2Previous => 2,
+            Self::Batch2 | Self::Gcra2 | Self::Batch2Previous | Self::Gcra2Ledger => 2,
         }
+    }
+
+    /// Whether it runs on the ledger-lock database.
+    fn on_ledger_locks(self) -> bool {
+        matches!(self, Self::GcraLedger | Self::Gcra2Ledger)
     }
 }
 
@@ -120,7 +129,8 @@ struct Setup {
     fixed: PostgresLimiter,
     fixed_previous: PostgresLimiter,
     gcra: PostgresGcraLimiter,
-    gcra_previous: PostgresGcraLimiter,
+    /// On the ledger-lock database.
+    gcra_ledger: PostgresGcraLimiter,
     first: FixedWindowPolicy,
     second: FixedWindowPolicy,
     gcra_first: GcraPolicy,
@@ -203,14 +213,14 @@ async fn run_task(
             Workload::Denied => denied(&s.fixed, &Check::new(key.bind(&s.exhausted))).await,
             Workload::DeniedPrevious => denied(&s.fixed_previous, &Check::new(key.bind(&s.exhausted))).await,
             Workload::Gcra => gcra(&s.gcra, &[Check::new(key.bind(&s.gcra_first))]).await,
-            Workload::GcraPrevious => gcra(&s.gcra_previous, &[Check::new(key.bind(&s.gcra_first))]).await,
+            Workload::GcraLedger => gcra(&s.gcra_ledger, &[Check::new(key.bind(&s.gcra_first))]).await,
             Workload::Gcra2 => {
                 gcra(&s.gcra, &[Check::new(key.bind(&s.gcra_first)), Check::new(key.bind(&s.gcra_second))])
                     .await;
             }
-            Workload::Gcra2Previous => {
+            Workload::Gcra2Ledger => {
                 let checks = [Check::new(key.bind(&s.gcra_first)), Check::new(key.bind(&s.gcra_second))];
-                gcra(&s.gcra_previous, &checks).await;
+                gcra(&s.gcra_ledger, &checks).await;
             }
         }
         done.fetch_add(1, Ordering::Relaxed);
@@ -338,6 +348,25 @@ fn main() {
         fixed.migrate().await.expect("migrate");
         let gcra = PostgresGcraLimiter::new(pool.clone());
         gcra.migrate().await.expect("migrate gcra");
+        // The ledger-lock database: the GCRA tables as the releases before the row-lock protocol
+        // installed them, then this release's migrations, which do not switch an existing one.
+        let ledger_name = "runlimit_pg_bench_ledger";
+        admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{ledger_name}" WITH (FORCE)"#)).await;
+        admin_execute(&admin, format!(r#"CREATE DATABASE "{ledger_name}""#)).await;
+        let ledger_pool = PgPoolOptions::new()
+            .max_connections(32)
+            .min_connections(32)
+            .connect_with(admin.clone().database(ledger_name))
+            .await
+            .expect("ledger-lock bench pool");
+        let mut earlier =
+            sqlx::migrate::Migrator::with_migrations(runlimit_postgres::GCRA_MIGRATOR.iter().take(2).cloned().collect());
+        earlier.set_ignore_missing(true);
+        let mut connection = ledger_pool.acquire().await.expect("ledger-lock connection");
+        earlier.run_direct(None, &mut *connection, false).await.expect("earlier GCRA migrations");
+        drop(connection);
+        let gcra_ledger = PostgresGcraLimiter::new(ledger_pool.clone());
+        gcra_ledger.migrate().await.expect("migrate the ledger-lock database");
         let previous = PostgresConfig::default().with_previous_admission_protocol();
         sqlx::raw_sql(
             "CREATE TABLE bench_baseline (counter_key bytea PRIMARY KEY, used bigint NOT NULL) \
@@ -369,7 +398,7 @@ fn main() {
         let setup = Arc::new(Setup {
             fixed_previous: PostgresLimiter::new(pool.clone()).with_config(previous),
             fixed,
-            gcra_previous: PostgresGcraLimiter::new(pool.clone()).with_config(previous),
+            gcra_ledger,
             gcra,
             first: policy("first"),
             second: policy("second"),
@@ -399,15 +428,20 @@ fn main() {
         }
         let server: String =
             sqlx::query_scalar("SELECT pg_catalog.version()").fetch_one(&pool).await.expect("version");
-        let pids: Vec<u32> = sqlx::query_scalar::<_, i32>(
-            "SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = pg_catalog.current_database()",
-        )
-        .fetch_all(&pool)
-        .await
-        .expect("backend pids")
-        .into_iter()
-        .filter_map(|pid| u32::try_from(pid).ok())
-        .collect();
+        let backends = async |pool: &PgPool| -> Vec<u32> {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = pg_catalog.current_database()",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("backend pids")
+            .into_iter()
+            .filter_map(|pid| u32::try_from(pid).ok())
+            .collect()
+        };
+        let pids = backends(&pool).await;
+        let ledger_pids = backends(&ledger_pool).await;
+        let pids_of = |workload: Workload| if workload.on_ledger_locks() { &ledger_pids } else { &pids };
         println!("server: {server}");
         println!(
             "measuring {seconds} s per row after a 1 s warm-up; pool of 32 connections; server CPU from \
@@ -432,9 +466,9 @@ fn main() {
                 Workload::Batch2,
                 Workload::Batch2Previous,
                 Workload::Gcra,
-                Workload::GcraPrevious,
+                Workload::GcraLedger,
                 Workload::Gcra2,
-                Workload::Gcra2Previous,
+                Workload::Gcra2Ledger,
                 Workload::Denied,
                 Workload::DeniedPrevious,
             ] {
@@ -443,7 +477,7 @@ fn main() {
                     tasks,
                     &pool,
                     &setup,
-                    &pids,
+                    pids_of(workload),
                     Duration::from_secs(1),
                     Duration::from_secs(seconds),
                 )
@@ -476,7 +510,7 @@ fn main() {
         // the targets judged on the median ratios of every set (the table's included).
         let rounds: usize =
             std::env::var("RUNLIMIT_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
-        let targeted = [Workload::Single, Workload::Gcra, Workload::Batch2];
+        let targeted = [Workload::Single, Workload::Gcra, Workload::Batch2, Workload::GcraLedger];
         let mut ratios: Vec<(Workload, Vec<f64>, Vec<f64>)> = targeted
             .iter()
             .filter_map(|workload| {
@@ -493,7 +527,8 @@ fn main() {
                 let floor = measure(Workload::Floor, 8, &pool, &setup, &pids, warm_up, duration).await;
                 let mut line = format!("round {round} at 8 tasks: floor {:.0}/s", floor.requests_per_second);
                 for (workload, throughputs, cpus) in &mut ratios {
-                    let measured = measure(*workload, 8, &pool, &setup, &pids, warm_up, duration).await;
+                    let measured =
+                        measure(*workload, 8, &pool, &setup, pids_of(*workload), warm_up, duration).await;
                     throughputs.push(measured.requests_per_second / floor.requests_per_second);
                     if let Some((cpu, floor_cpu)) = measured.cpu_micros.zip(floor.cpu_micros) {
                         cpus.push(cpu / floor_cpu);
@@ -518,6 +553,13 @@ fn main() {
             let (max_cpu, min_throughput) = match workload {
                 Workload::Batch2 => (2.0, None),
                 Workload::Gcra => (1.5, Some(0.7)),
+                // Not a target: the protocol a database keeps until it is switched, for comparison.
+                Workload::GcraLedger => {
+                    let cpu = median(cpus).map_or_else(|| "server CPU n/a".to_owned(), |cpu| format!("{cpu:.2}x"));
+                    let throughput = median(throughputs).map_or_else(String::new, |t| format!(", {t:.2}x"));
+                    println!("{} at 8 tasks (not switched, for comparison): median {cpu} the floor's server CPU{throughput} its throughput", workload.name());
+                    continue;
+                }
                 _ => (1.5, Some(0.75)),
             };
             let cpu_text = median(cpus).map_or_else(
@@ -540,6 +582,8 @@ fn main() {
             println!("{} at 8 tasks: {cpu_text}{throughput_text}", workload.name());
         }
         pool.close().await;
+        ledger_pool.close().await;
         admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#)).await;
+        admin_execute(&admin, format!(r#"DROP DATABASE IF EXISTS "{ledger_name}" WITH (FORCE)"#)).await;
     });
 }

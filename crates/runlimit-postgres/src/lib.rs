@@ -14,7 +14,9 @@
 //!   decides exactly like `runlimit_memory::GcraStore`, fed with whole-millisecond database
 //!   time clamped to a committed per-shard watermark. It has its own tables and migration
 //!   stream ([`GCRA_MIGRATOR`], [`CREATE_RUNLIMIT_GCRA_SQL`],
-//!   [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`]).
+//!   [`INDEX_RUNLIMIT_GCRA_SHARD_EXPIRY_SQL`], [`ADD_RUNLIMIT_GCRA_ROW_LOCK_PROTOCOL_SQL`]), and
+//!   two admission protocols: shard ledger locks, or, once switched, row locks for one-check
+//!   admissions ([`PostgresGcraLimiter::switch_to_row_locks`]).
 //! - [`attempts::PostgresAttemptLimiter`] admits at most one active attempt per subject with
 //!   exponential backoff after failures, with a seam for completing an attempt inside an
 //!   application-owned transaction. Its own tables and migration stream too.
@@ -82,8 +84,11 @@
 //! `public.runlimit_fixed_windows` (one row per counter key) and
 //! `public.runlimit_fixed_window_shards` (the capacity ledger, 256 rows), plus four trigger
 //! functions `public.runlimit_fixed_windows_*` that pin `search_path = pg_catalog, pg_temp`.
-//! The GCRA stream adds `public.runlimit_gcra`, `public.runlimit_gcra_shards` and the trigger
-//! functions `public.runlimit_gcra_*`, with the same rules.
+//! The GCRA stream adds `public.runlimit_gcra`, its two capacity ledgers
+//! `public.runlimit_gcra_shards` and `public.runlimit_gcra_ledger` (one of the two holds the 256
+//! rows: the second once the protocol is switched to row locks), the trigger functions
+//! `public.runlimit_gcra_*` and the switch function `public.runlimit_gcra_switch_to_row_locks()`,
+//! with the same rules.
 //! Every statement an admission sends or prepares names its tables, functions, types and
 //! operators schema-qualified (`OPERATOR(pg_catalog.=)`), the PL/pgSQL functions pin
 //! `search_path = pg_catalog, pg_temp`, and the other operations (peek, reset, cleanup) set that
@@ -241,32 +246,62 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// reading, and only deleted rows need the watermark.) Delays are measured at
 /// the clock sample and may conservatively include later commit and transport latency.
 ///
-/// # Protocol (GCRA v1 batches, v2 one-check admissions)
+/// # Protocols: ledger locks, then row locks
 ///
-/// One `READ COMMITTED` transaction of two round trips whatever the batch size. A batch: begin, the
-/// transaction-local settings, lock the ledger rows of every shard the batch touches in
-/// ascending shard order (`FOR UPDATE`, before any counter is read or written, including for
-/// keys without a row), read the stored arrival times and sample the clock, decide in Rust,
-/// then — only when allowed — advance the watermarks, update or insert every member, and commit
-/// in input order together. A denial rolls back a transaction that wrote nothing. A one-check
-/// admission takes the same settings and ledger row lock, then, in the statement that samples
-/// the clock, reads the key's arrival time and, when the check fits, updates the row
-/// *provisionally* to `max(tat, now × Q) + cost × P`; Rust decides from the stored time with
-/// the same evaluator, checks that the statement wrote exactly what it allows (or nothing, for
-/// a denial), and sends `COMMIT` alone or `ROLLBACK`. A new key is inserted before `COMMIT` as
-/// in a batch. Replicas of the previous release (which read, then
-/// write, under the same ledger row lock) and of this one exclude each other shard by shard,
-/// so they can share the tables during a rolling deploy. Locking the
-/// shard rather than the key deliberately serializes keys of the same shard. The shard of a key
-/// (byte 32 of the counter key) and the locking order are persistent protocol and cannot change
-/// in place during a rolling deploy. [`CheckPhase`] names the phases: `Begin` (begin and
-/// settings), `Lock` (ledger rows), `Preflight` (read and clock), `Update` (the writes).
+/// A database runs one of two admission protocols. Every database starts on the *ledger-lock*
+/// protocol except one whose GCRA tables [`migrate`](PostgresStore::migrate) installs, which it
+/// switches to *row locks* at once; an existing database stays on ledger locks until its
+/// operator calls [`switch_to_row_locks`](PostgresStore::switch_to_row_locks), once every replica
+/// runs this release or a later one (see the
+/// [operations guide](operations#switching-gcra-to-row-locks)). The switch is one way. Both
+/// protocols give every guarantee above and below; they differ in what an admission locks.
+///
+/// **Ledger locks.** One `READ COMMITTED` transaction of two round trips whatever the batch
+/// size. A batch: begin, the transaction-local settings, lock the ledger rows of every shard
+/// the batch touches in ascending shard order (`FOR UPDATE`, before any counter is read or
+/// written, including for keys without a row), read the stored arrival times and sample the
+/// clock, decide in Rust, then — only when allowed — advance the watermarks, update or insert
+/// every member, and commit in input order together. A denial rolls back a transaction that
+/// wrote nothing. A one-check admission takes the same settings and ledger row lock, then, in
+/// the statement that samples the clock, reads the key's arrival time and, when the check fits,
+/// updates the row *provisionally* to `max(tat, now × Q) + cost × P`; Rust decides from the
+/// stored time with the same evaluator, checks that the statement wrote exactly what it allows
+/// (or nothing, for a denial), and sends `COMMIT` alone or `ROLLBACK`. A new key is inserted
+/// before `COMMIT` as in a batch. Locking the shard rather than the key serializes keys of the
+/// same shard.
+///
+/// **Row locks.** The ledger rows live in `public.runlimit_gcra_ledger` instead. A one-check
+/// admission of a stored key takes no ledger lock: after the settings, one statement samples
+/// the clock (clamped to the shard's watermark) and updates the key's row to `max(tat, now × Q)
+/// + cost × P` when the check fits, evaluated by PostgreSQL on the row's latest committed
+/// version (an `UPDATE` that waited for a concurrent writer re-evaluates its condition and
+/// values on the version that writer committed), so two admissions of a key never decide on
+/// the same stored time. Rust checks the written time against the evaluator and sends `COMMIT`
+/// alone; a check that does not fit writes nothing, and the second round trip reads the key's
+/// latest time (for the exact retry-after) with `ROLLBACK`; a new key is inserted under its
+/// shard's ledger row lock, which also bounds the shard's rows. Batches, cleanup and resets lock
+/// ledger rows as before, and batches also row-lock their keys (`FOR NO KEY UPDATE`, in key
+/// order) before sampling the clock, so they exclude those one-check updates. A one-check
+/// admission that waits for another admission of the same key decides at the clock sample
+/// taken when its statement started, before the wait: never early, and its delays are at most
+/// the wait longer.
+///
+/// Replicas that know both protocols learn the switch from the database (the ledger-lock
+/// statements find no ledger row; the admission is then rolled back and made on row locks), so
+/// they need no restart. Replicas of releases before the row-lock protocol find no ledger row
+/// either, and fail closed with [`CheckError::MalformedResponse`] (nothing consumed): after the
+/// switch they can no longer decide beside the row-lock admissions without the lock they rely
+/// on. The shard of a key (byte 32 of the counter key) and the shard locking order are
+/// persistent protocol. [`CheckPhase`] names the phases: `Begin` (begin and settings), `Lock`
+/// (ledger rows), `Preflight` (read, clock and, for a row-lock one-check, its update),
+/// `Update` (the writes).
 ///
 /// # Capacity
 ///
 /// 256 shards of at most [`MAX_ROWS_PER_SHARD`] (65,536) rows,
 /// enforced by the database for every writer, with the lower operational bound
-/// [`PostgresConfig::maximum_rows_per_shard`] (4,096 by default) checked under the shard lock.
+/// [`PostgresConfig::maximum_rows_per_shard`] (4,096 by default) checked under the shard lock
+/// (on row locks, by the insert of a new key, under its shard's ledger row lock).
 /// A row expires once its key is fully rested; an expired row still occupies its slot until
 /// [`cleanup_expired`](PostgresStore::cleanup_expired) deletes it, but stays reusable by its own
 /// key. Active rows are never evicted.
@@ -277,7 +312,8 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// expires_at_ms)` index once per shard (at most 256 index probes), each under that shard's
 /// clamped clock `max(clock, watermark)`, and locks the ledger rows of the shards with an
 /// expired row in ascending shard order, skipping shards an admission or another cleanup holds
-/// (`SKIP LOCKED`). Deletion then reads at most `maximum_rows` eligible rows per locked shard
+/// (`SKIP LOCKED`); the deletion re-checks each row's expiry on its latest version, so a row a
+/// row-lock admission renewed meanwhile is kept. Deletion then reads at most `maximum_rows` eligible rows per locked shard
 /// (index range scans; active rows lie outside them), deletes the globally oldest
 /// `maximum_rows` of those and advances the locked shards' watermarks to the time it used, so a
 /// later backwards clock step cannot treat a deleted key as rested early. The transaction sets

@@ -30,13 +30,17 @@
 #                             of a stored row's arrival time and expiry (not HOT: the expiry is
 #                             indexed, as an admission's update is) returning it, then COMMIT;
 #                             what the table's shape costs before any protocol
+#   gcra_row_lock_check.sql   what PostgresGcraLimiter::check sends for a stored key, allowed, on
+#                             the row-lock protocol: BEGIN, EXECUTE of the prepared settings and
+#                             of the one-check update, then COMMIT; run on a second database,
+#                             runlimit_pgbench_rows, the same rows switched to row locks
 #   previous_check.sql        what PostgresLimiter::check sent in earlier releases
 #   simplified_check.sql      the previous phases as plain single-table statements
 # Server CPU per transaction: user + system time (/proc/<pid>/stat, 10 ms ticks) of every
 # PostgreSQL process over the run, including backends that exited (their time is added to the
 # postmaster's reaped-children fields), divided by the transactions pgbench completed; it needs
 # the server on this machine and /proc readable. Needs pgbench and psql on PATH or under
-# /usr/lib/postgresql/*/bin. Drops the database after.
+# /usr/lib/postgresql/*/bin. Drops the databases after.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$(dirname "$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | tail -1)")"
@@ -52,7 +56,7 @@ server_ticks() {
   done
   echo "$total"
 }
-psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "DROP DATABASE IF EXISTS ${db}_rows WITH (FORCE)" -c "CREATE DATABASE $db"
 for migration in "$here"/../../migrations/*.sql "$here"/../../gcra-migrations/*.sql; do
   psql -1 -d "$db" -f "$migration"
 done
@@ -66,13 +70,17 @@ psql -d "$db" \
       SELECT decode(lpad(to_hex(i), 64, '0') || lpad(to_hex(i % 256), 2, '0') || repeat('0', 62), 'hex'),
              0, 0, 0
       FROM generate_series(1, 512) AS i"
+# The row-lock protocol's database: a copy of the one above, switched.
+psql -d postgres -c "DROP DATABASE IF EXISTS ${db}_rows WITH (FORCE)" -c "CREATE DATABASE ${db}_rows TEMPLATE $db"
+psql -d "${db}_rows" -c "SELECT public.runlimit_gcra_switch_to_row_locks()" > /dev/null
 # The check scripts as run: each client prepares the statements once (its variable `prepared`
 # persists across its transactions), then sends runlimit_check.sql or gcra_check.sql.
 sql="$here/../../src/sql"
 check_script="$(mktemp)"
 gcra_script="$(mktemp)"
 gcra_batch_script="$(mktemp)"
-trap 'rm -f "$check_script" "$gcra_script" "$gcra_batch_script"' EXIT
+gcra_rows_script="$(mktemp)"
+trap 'rm -f "$check_script" "$gcra_script" "$gcra_batch_script" "$gcra_rows_script"' EXIT
 with_prepare() {
   local script="$1"; shift
   echo '\if :prepared = 0'
@@ -88,7 +96,9 @@ with_prepare "$here/gcra_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepa
 with_prepare "$here/gcra_check_batch_statements.sql" "$sql/settings_prepare.sql" \
   "$sql/gcra_prepare_lock_one.sql" "$sql/gcra_prepare_read_one.sql" "$sql/gcra_prepare_write_one.sql" \
   > "$gcra_batch_script"
-scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_table_floor gcra_check gcra_check_batch_statements previous_check simplified_check}"
+with_prepare "$here/gcra_row_lock_check.sql" "$sql/settings_prepare.sql" "$sql/gcra_prepare_rowlock_admit_one.sql" \
+  > "$gcra_rows_script"
+scripts="${RUNLIMIT_PGBENCH_SCRIPTS:-baseline bare_two_round_trips runlimit_check gcra_table_floor gcra_check gcra_row_lock_check gcra_check_batch_statements previous_check simplified_check}"
 clients="${RUNLIMIT_PGBENCH_CLIENTS:-8}"
 seconds="${RUNLIMIT_PGBENCH_SECONDS:-4}"
 for round in 1 2 3; do
@@ -99,7 +109,9 @@ for round in 1 2 3; do
     [ "$script" = runlimit_check ] && file="$check_script"
     [ "$script" = gcra_check ] && file="$gcra_script"
     [ "$script" = gcra_check_batch_statements ] && file="$gcra_batch_script"
-    out=$("$bin/pgbench" -n -c "$clients" -j 2 -T "$seconds" -M "$mode" -D prepared=0 -f "$file" "$db" 2>&1)
+    target="$db"
+    [ "$script" = gcra_row_lock_check ] && file="$gcra_rows_script" && target="${db}_rows"
+    out=$("$bin/pgbench" -n -c "$clients" -j 2 -T "$seconds" -M "$mode" -D prepared=0 -f "$file" "$target" 2>&1)
     after=$(server_ticks)
     tps=$(awk '/^tps/ {print int($3)}' <<< "$out")
     transactions=$(awk '/number of transactions actually processed/ {split($NF, n, "/"); print n[1]}' <<< "$out")
@@ -108,4 +120,4 @@ for round in 1 2 3; do
     echo "round $round  $script  $tps tps  server CPU $cpu per transaction"
   done
 done
-psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "DROP DATABASE IF EXISTS ${db}_rows WITH (FORCE)"

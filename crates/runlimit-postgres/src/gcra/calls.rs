@@ -35,7 +35,7 @@ use std::sync::LazyLock;
 
 use crate::{
     error::CheckPhase,
-    gcra::GcraWrite,
+    gcra::{GcraWrite, StoredTat},
     prepared::{Prepared, Statement},
     script::{array_literal, push_bytea},
 };
@@ -71,6 +71,10 @@ impl Ledger {
 /// range) on one ledger.
 #[derive(Debug)]
 pub(crate) struct Admission {
+    /// Whether the writes compare each stored row with the time the read returned and refuse,
+    /// before `COMMIT`, when one changed (the row-lock protocol's optimistic batches: see
+    /// [`ROW_LOCK_WRITE`]); the one-key write statements are then the batch ones.
+    pub(crate) compare_and_set: bool,
     pub(crate) lock: &'static Prepared,
     pub(crate) lock_one: &'static Prepared,
     pub(crate) read: &'static Prepared,
@@ -82,6 +86,7 @@ pub(crate) struct Admission {
 }
 
 static SHARDS_ADMISSION: Admission = Admission {
+    compare_and_set: false,
     lock: &LOCK,
     lock_one: &LOCK_ONE,
     read: &READ,
@@ -102,9 +107,32 @@ fn on_ledger(statement: &Prepared, name: &'static str) -> &'static Prepared {
     Box::leak(Box::new(Prepared { name, prepare: prepare.leak() }))
 }
 
+/// The row-lock ledger's locks, shared by both batch statement sets.
+static LEDGER_LOCK: LazyLock<&'static Prepared> =
+    LazyLock::new(|| on_ledger(&LOCK, "runlimit_gcra_ledger_lock_v1"));
+static LEDGER_LOCK_ONE: LazyLock<&'static Prepared> =
+    LazyLock::new(|| on_ledger(&LOCK_ONE, "runlimit_gcra_ledger_lock_one_v1"));
+
+/// Row-lock batches, optimistic: the keys' rows read without a row lock (after the ledger
+/// locks, which exclude every other writer but one-check updates), written only if unchanged.
 static ROW_LOCK_ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
-    lock: on_ledger(&LOCK, "runlimit_gcra_ledger_lock_v1"),
-    lock_one: on_ledger(&LOCK_ONE, "runlimit_gcra_ledger_lock_one_v1"),
+    compare_and_set: true,
+    lock: *LEDGER_LOCK,
+    lock_one: *LEDGER_LOCK_ONE,
+    read: &READ,
+    read_one: &READ_ONE,
+    write: &ROW_LOCK_WRITE,
+    write_inserts: &ROW_LOCK_WRITE_INSERTS,
+    write_one: &ROW_LOCK_WRITE,
+    write_one_insert: &ROW_LOCK_WRITE_INSERTS,
+});
+
+/// Row-lock batches, pessimistic: the keys' rows row-locked by the read, so nothing changes
+/// them before the writes (the last attempt of a batch whose optimistic writes were refused).
+static ROW_LOCK_LOCKING_ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
+    compare_and_set: false,
+    lock: *LEDGER_LOCK,
+    lock_one: *LEDGER_LOCK_ONE,
     read: &ROW_LOCK_READ,
     read_one: &ROW_LOCK_READ_ONE,
     write: on_ledger(&WRITE, "runlimit_gcra_ledger_write_v1"),
@@ -113,13 +141,31 @@ static ROW_LOCK_ADMISSION: LazyLock<Admission> = LazyLock::new(|| Admission {
     write_one_insert: on_ledger(&WRITE_ONE_INSERT, "runlimit_gcra_ledger_write_one_insert_v1"),
 });
 
-/// The admission statements on `ledger`.
-pub(crate) fn admission(ledger: Ledger) -> &'static Admission {
-    match ledger {
-        Ledger::Shards => &SHARDS_ADMISSION,
-        Ledger::RowLocks => &ROW_LOCK_ADMISSION,
+/// The batch statements on `ledger`; on row locks, the optimistic ones unless `locking_read`.
+pub(crate) fn admission(ledger: Ledger, locking_read: bool) -> &'static Admission {
+    match (ledger, locking_read) {
+        (Ledger::Shards, _) => &SHARDS_ADMISSION,
+        (Ledger::RowLocks, false) => &ROW_LOCK_ADMISSION,
+        (Ledger::RowLocks, true) => &ROW_LOCK_LOCKING_ADMISSION,
     }
 }
+
+/// The row-lock protocol's optimistic batch write without new keys: [`WRITE`] on the row-lock
+/// ledger, each row `$3[i]` updated only while it still holds the arrival time `($7, $8)[i]` the
+/// read returned; fails with SQLSTATE 22P02 and the message `runlimit: a gcra row changed since
+/// it was read` unless every row was updated (a one-check admission, which takes no ledger lock,
+/// changed one since the read), before `COMMIT` can run.
+pub(crate) static ROW_LOCK_WRITE: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_write_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_write.sql"),
+};
+
+/// [`ROW_LOCK_WRITE`] with new keys: [`WRITE_INSERTS`] on the row-lock ledger, the expected
+/// arrival times of the updated rows in `($11, $12)[i]`.
+pub(crate) static ROW_LOCK_WRITE_INSERTS: Prepared = Prepared {
+    name: "runlimit_gcra_rowlock_write_inserts_v1",
+    prepare: include_str!("../sql/gcra_prepare_rowlock_write_inserts.sql"),
+};
 
 /// [`READ`] that also row-locks the stored keys (`FOR NO KEY UPDATE`, in key order) and samples
 /// the clock after those locks: the row-lock protocol's batch read, which must exclude
@@ -259,16 +305,20 @@ pub(crate) fn row_lock_insert_one(
 
 /// The statements the write round trip of a one-check admission (`batch` false) or of a batch
 /// may execute on `ledger`.
-pub(crate) fn writes(ledger: Ledger, batch: bool) -> [&'static Prepared; 2] {
-    let set = admission(ledger);
+pub(crate) fn writes(set: &'static Admission, batch: bool) -> [&'static Prepared; 2] {
     if batch { [set.write, set.write_inserts] } else { [set.write_one, set.write_one_insert] }
 }
 
 /// The first statements of every GCRA admission's first round trip that locks ledger rows:
 /// `BEGIN`, the settings (both timeouts `timeout_ms` milliseconds) and the lock of `shards` on
 /// `ledger` ([`lock`]).
-pub(crate) fn opening(ledger: Ledger, timeout_ms: u128, shards: &[i16], batch: bool) -> [Statement; 3] {
-    let (lock_sql, lock_prepared) = lock(ledger, shards, batch);
+pub(crate) fn opening(
+    set: &'static Admission,
+    timeout_ms: u128,
+    shards: &[i16],
+    batch: bool,
+) -> [Statement; 3] {
+    let (lock_sql, lock_prepared) = lock(set, shards, batch);
     let [begin, settings] = begin_and_settings(timeout_ms);
     [begin, settings, Statement { sql: lock_sql, phase: CheckPhase::Lock, executes: Some(lock_prepared) }]
 }
@@ -289,8 +339,7 @@ pub(crate) fn settings(timeout_ms: u128) -> String {
 /// The lock statement of `shards` (ascending, distinct) on `ledger` and the statement it
 /// executes: [`LOCK_ONE`] (or its row-lock twin) for a one-check admission (`batch` false), else
 /// [`LOCK`].
-pub(crate) fn lock(ledger: Ledger, shards: &[i16], batch: bool) -> (String, &'static Prepared) {
-    let set = admission(ledger);
+pub(crate) fn lock(set: &'static Admission, shards: &[i16], batch: bool) -> (String, &'static Prepared) {
     match shards {
         [shard] if !batch => (format!("EXECUTE {}({shard}::smallint);\n", set.lock_one.name), set.lock_one),
         _ => (format!("EXECUTE {}({}::smallint[]);\n", set.lock.name, array_literal(shards)), set.lock),
@@ -299,8 +348,7 @@ pub(crate) fn lock(ledger: Ledger, shards: &[i16], batch: bool) -> (String, &'st
 
 /// The read statement of `keys` on `ledger` and the statement it executes: [`READ_ONE`] (or
 /// [`ROW_LOCK_READ_ONE`]) for one key, else [`READ`] (or [`ROW_LOCK_READ`]).
-pub(crate) fn read(ledger: Ledger, keys: &[[u8; 64]]) -> (String, &'static Prepared) {
-    let set = admission(ledger);
+pub(crate) fn read(set: &'static Admission, keys: &[[u8; 64]]) -> (String, &'static Prepared) {
     if let [key] = keys {
         let mut sql = format!("EXECUTE {}(", set.read_one.name);
         push_bytea(&mut sql, key);
@@ -342,14 +390,14 @@ fn push_values<'a>(sql: &mut String, writes: impl Iterator<Item = &'a GcraWrite>
 /// `shards` and writes one row per key ([`WRITE_ONE`] or [`WRITE_ONE_INSERT`] for a one-check
 /// admission; for a batch [`WRITE`], or [`WRITE_INSERTS`] when a key is new).
 pub(crate) fn write(
-    ledger: Ledger,
+    set: &'static Admission,
     keys: &[[u8; 64]],
     writes: &[GcraWrite],
+    stored: &[Option<StoredTat>],
     shards: &[i16],
     now_ms: u64,
 ) -> String {
-    let set = admission(ledger);
-    if let ([key], [write], [shard]) = (keys, writes, shards) {
+    if let ([key], [write], [shard], false) = (keys, writes, shards, set.compare_and_set) {
         let statement = if write.insert { set.write_one_insert } else { set.write_one };
         let mut sql = format!("EXECUTE {}({now_ms}::bigint, {shard}::smallint, ", statement.name);
         push_bytea(&mut sql, key);
@@ -372,9 +420,31 @@ pub(crate) fn write(
         push_keys(&mut sql, inserts().map(|(key, _)| key));
         push_values(&mut sql, inserts().map(|(_, write)| write));
     }
+    if set.compare_and_set {
+        // The arrival times the read returned for the updated keys, in the same order.
+        let previous = || {
+            writes
+                .iter()
+                .zip(stored)
+                .filter(|(write, _)| !write.insert)
+                .map(|(_, stored)| stored.unwrap_or(NONE))
+        };
+        for values in [
+            array_literal(previous().map(|tat| tat.tat_ms)),
+            array_literal(previous().map(|tat| tat.tat_remainder)),
+        ] {
+            sql.push_str(", ");
+            sql.push_str(&values);
+            sql.push_str("::bigint[]");
+        }
+    }
     sql.push_str(");\n");
     sql
 }
+
+/// No arrival time a row can hold (`tat_ms` is never negative): what an updated key without a
+/// read time is compared with, so its write is refused rather than made blind.
+const NONE: StoredTat = StoredTat { tat_ms: -1, tat_remainder: -1 };
 
 #[cfg(test)]
 mod tests {
@@ -387,20 +457,20 @@ mod tests {
         let decoded = format!("pg_catalog.decode('{}', 'hex')", "ab".repeat(64));
         assert_eq!(settings(1_500), "EXECUTE runlimit_settings_v1('1500'::pg_catalog.text);\n");
         assert_eq!(
-            lock(Ledger::Shards, &[0, 7, 255], true).0,
+            lock(admission(Ledger::Shards, false), &[0, 7, 255], true).0,
             "EXECUTE runlimit_gcra_lock_v1('{0,7,255}'::smallint[]);\n"
         );
-        assert_eq!(lock(Ledger::Shards, &[7], true).1.name, LOCK.name);
+        assert_eq!(lock(admission(Ledger::Shards, false), &[7], true).1.name, LOCK.name);
         assert_eq!(
-            lock(Ledger::Shards, &[7], false),
+            lock(admission(Ledger::Shards, false), &[7], false),
             ("EXECUTE runlimit_gcra_lock_one_v1(7::smallint);\n".to_owned(), &LOCK_ONE)
         );
         assert_eq!(
-            read(Ledger::Shards, &[key, key]).0,
+            read(admission(Ledger::Shards, false), &[key, key]).0,
             format!("EXECUTE runlimit_gcra_read_v1(ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[]);\n")
         );
         assert_eq!(
-            read(Ledger::Shards, &[key]),
+            read(admission(Ledger::Shards, false), &[key]),
             (format!("EXECUTE runlimit_gcra_read_one_v1({decoded});\n"), &READ_ONE)
         );
         let insert =
@@ -408,7 +478,7 @@ mod tests {
         let update =
             GcraWrite { insert: false, tat: StoredTat { tat_ms: 20, tat_remainder: 3 }, expires_at_ms: 21 };
         assert_eq!(
-            write(Ledger::Shards, &[key, key], &[insert, update], &[171], 9),
+            write(admission(Ledger::Shards, false), &[key, key], &[insert, update], &[], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_inserts_v1(9::bigint, '{{171}}'::smallint[], \
                  ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[], \
@@ -416,7 +486,7 @@ mod tests {
             )
         );
         assert_eq!(
-            write(Ledger::Shards, &[key, key], &[update, update], &[171], 9),
+            write(admission(Ledger::Shards, false), &[key, key], &[update, update], &[], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_v1(9::bigint, '{{171}}'::smallint[], \
                  ARRAY[{decoded}, {decoded}]::pg_catalog.bytea[], '{{20,20}}'::bigint[], '{{3,3}}'::bigint[], \
@@ -424,20 +494,20 @@ mod tests {
             )
         );
         assert_eq!(
-            write(Ledger::Shards, &[key], &[update], &[171], 9),
+            write(admission(Ledger::Shards, false), &[key], &[update], &[], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_one_v1(9::bigint, 171::smallint, {decoded}, 20::bigint, 3::bigint, 21::bigint);\n"
             )
         );
         assert_eq!(
-            write(Ledger::Shards, &[key], &[insert], &[171], 9),
+            write(admission(Ledger::Shards, false), &[key], &[insert], &[], &[171], 9),
             format!(
                 "EXECUTE runlimit_gcra_write_one_insert_v1(9::bigint, 171::smallint, {decoded}, 10::bigint, 2::bigint, \
                  11::bigint);\n"
             )
         );
-        assert_eq!(writes(Ledger::Shards, false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
-        assert_eq!(writes(Ledger::Shards, true), [&WRITE, &WRITE_INSERTS]);
+        assert_eq!(writes(admission(Ledger::Shards, false), false), [&WRITE_ONE, &WRITE_ONE_INSERT]);
+        assert_eq!(writes(admission(Ledger::Shards, false), true), [&WRITE, &WRITE_INSERTS]);
         let increment = crate::gcra::one::Increment {
             millis: 333,
             remainder: 1,
@@ -454,6 +524,64 @@ mod tests {
                  3::bigint, 666::bigint, 2::bigint);\n"
             )
         );
+        // Row locks: optimistic batches compare the updated rows with the times read.
+        let stored = [None, Some(StoredTat { tat_ms: 19, tat_remainder: 1 })];
+        let optimistic = admission(Ledger::RowLocks, false);
+        assert_eq!(
+            write(optimistic, &[key, key], &[insert, update], &stored, &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_rowlock_write_inserts_v1(9::bigint, '{{171}}'::smallint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{10}}'::bigint[], '{{2}}'::bigint[], '{{11}}'::bigint[], \
+                 '{{19}}'::bigint[], '{{1}}'::bigint[]);\n"
+            )
+        );
+        assert_eq!(
+            write(optimistic, &[key], &[update], &stored[1..], &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_rowlock_write_v1(9::bigint, '{{171}}'::smallint[], \
+                 ARRAY[{decoded}]::pg_catalog.bytea[], '{{20}}'::bigint[], '{{3}}'::bigint[], '{{21}}'::bigint[], \
+                 '{{19}}'::bigint[], '{{1}}'::bigint[]);\n"
+            )
+        );
+        assert_eq!(writes(optimistic, false), [&ROW_LOCK_WRITE, &ROW_LOCK_WRITE_INSERTS]);
+        assert_eq!(
+            lock(optimistic, &[7], false).0,
+            "EXECUTE runlimit_gcra_ledger_lock_one_v1(7::smallint);\n"
+        );
+        let locking = admission(Ledger::RowLocks, true);
+        assert_eq!(read(locking, &[key]).1.name, ROW_LOCK_READ_ONE.name);
+        assert_eq!(
+            write(locking, &[key], &[update], &stored[1..], &[171], 9),
+            format!(
+                "EXECUTE runlimit_gcra_ledger_write_one_v1(9::bigint, 171::smallint, {decoded}, 20::bigint, 3::bigint, 21::bigint);\n"
+            )
+        );
+        // The row-lock ledger's statements are the ledger-lock ones on the other table.
+        assert!(locking.write.prepare.contains("UPDATE public.runlimit_gcra_ledger AS l"));
+        assert!(!locking.write.prepare.contains("runlimit_gcra_shards"));
+        for set in [optimistic, locking] {
+            for statement in [
+                set.lock,
+                set.lock_one,
+                set.read,
+                set.read_one,
+                set.write,
+                set.write_inserts,
+                set.write_one,
+                set.write_one_insert,
+                &ROW_LOCK_ADMIT_ONE,
+                &ROW_LOCK_INSERT_ONE,
+            ] {
+                assert!(
+                    statement.prepare.starts_with(&format!("PREPARE {} (", statement.name)),
+                    "{}",
+                    statement.name
+                );
+                assert_eq!(statement.prepare.matches(';').count(), 1, "{}", statement.name);
+                assert!(!statement.prepare.contains("runlimit_gcra_shards"), "{}", statement.name);
+            }
+        }
         for statement in [
             &PREFLIGHT_ONE,
             &SETTINGS,

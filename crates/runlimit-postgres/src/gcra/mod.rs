@@ -247,7 +247,7 @@ async fn evaluate(
     specs: &[GcraSpec],
     shards: &[i16],
     mode: QuotaMode,
-) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+) -> Result<Decided, CheckError> {
     let statements = [
         Statement { sql: script::begin().to_owned(), phase: CheckPhase::Begin, executes: None },
         Statement {
@@ -266,7 +266,8 @@ async fn evaluate(
 
 /// Decides from the first round trip's answer: the ledger rows of `shards` (statement
 /// `lock_statement`), then the arrival times and the clock sample (the statement after it),
-/// both protocols' shapes alike. Returns the plan and the clamped time it was decided at.
+/// both protocols' shapes alike. Returns the plan, the clamped time it was decided at and the
+/// stored arrival times it was decided from.
 fn decide_answer(
     output: &ScriptOutput,
     lock_statement: usize,
@@ -274,7 +275,7 @@ fn decide_answer(
     specs: &[GcraSpec],
     config: &PostgresConfig,
     mode: QuotaMode,
-) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+) -> Result<Decided, CheckError> {
     let ledger = parse_ledger(output, lock_statement, shards)?;
     let read = lock_statement + 1;
     let phase = CheckPhase::Preflight;
@@ -289,13 +290,17 @@ fn decide_answer(
     let now_ms =
         effective_now(clock_ms, ledger.iter().flatten().map(|row| row.watermark_ms)).map_err(&bad)?;
     let plan = decide(specs, &stored, now_ms, &ledger, config.maximum_rows_per_shard(), mode).map_err(bad)?;
-    Ok((plan, now_ms))
+    Ok((plan, now_ms, stored))
 }
+
+/// A batch's plan, the clamped time it was decided at and the stored arrival times it was
+/// decided from (`None` for a key without a row).
+type Decided = (Plan<GcraWrite>, u64, Vec<Option<StoredTat>>);
 
 /// [`evaluate`] through the statements prepared on each connection (see [`calls`]): begin,
 /// the settings, the ledger locks and the read in one round trip, then the decision.
 async fn evaluate_calls(
-    ledger: Ledger,
+    set: &'static calls::Admission,
     connection: &mut PgConnection,
     deadline: Deadline,
     config: &PostgresConfig,
@@ -303,14 +308,14 @@ async fn evaluate_calls(
     specs: &[GcraSpec],
     shards: &[i16],
     mode: QuotaMode,
-) -> Result<(Plan<GcraWrite>, u64), CheckError> {
+) -> Result<Decided, CheckError> {
     let batch = keys.len() > 1;
-    let [begin, settings, lock] = calls::opening(ledger, config.server_timeout_millis(), shards, batch);
-    let (read_sql, read_prepared) = calls::read(ledger, keys);
+    let [begin, settings, lock] = calls::opening(set, config.server_timeout_millis(), shards, batch);
+    let (read_sql, read_prepared) = calls::read(set, keys);
     let read = Statement { sql: read_sql, phase: CheckPhase::Preflight, executes: Some(read_prepared) };
     let statements = [begin, settings, lock, read];
     let lock_statement = 2;
-    let later = calls::writes(ledger, batch);
+    let later = calls::writes(set, batch || set.compare_and_set);
     let output =
         prepared::run_phases(connection, &statements, deadline, &later, config.operation_timeout()).await?;
     decide_answer(&output, lock_statement, shards, specs, config, mode)
@@ -375,23 +380,40 @@ impl Admission<'_> {
                 }
             };
         }
-        let evaluated = match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
-                evaluate_calls(ledger, connection, deadline, config, keys, specs, shards, mode).await
+        if protocol == Protocol::Statements {
+            let (plan, now_ms, _) =
+                match evaluate(connection, deadline, config, keys, specs, shards, mode).await {
+                    Ok(evaluated) => evaluated,
+                    Err(error) => return (Err(error), false),
+                };
+            let ending = plan.ending(|writes| (sql::write(keys, writes, shards, now_ms), 1));
+            return transaction::end(connection, deadline, config.operation_timeout(), ending).await;
+        }
+        // On row locks, a batch reads its rows without locking them and writes them only if a
+        // one-check admission did not change one meanwhile; when one did, the write is refused
+        // before `COMMIT`, the transaction rolled back and the batch decided again, this time
+        // locking the rows as it reads them, so it cannot be refused again.
+        let attempts = if ledger == Ledger::RowLocks { 2 } else { 1 };
+        for attempt in 1..=attempts {
+            let set = calls::admission(ledger, attempt == attempts && ledger == Ledger::RowLocks);
+            let (plan, now_ms, stored) =
+                match evaluate_calls(set, connection, deadline, config, keys, specs, shards, mode).await {
+                    Ok(evaluated) => evaluated,
+                    Err(error) => return (Err(error), false),
+                };
+            let ending = plan.ending(|writes| (calls::write(set, keys, writes, &stored, shards, now_ms), 1));
+            let (result, clean) =
+                transaction::end(connection, deadline, config.operation_timeout(), ending).await;
+            if attempt < attempts && rowlock::is_refused_write(&result) {
+                if script::run(connection, script::ROLLBACK.to_owned(), deadline).await.is_ok() {
+                    continue;
+                }
+                return (result, false);
             }
-            Protocol::Statements => evaluate(connection, deadline, config, keys, specs, shards, mode).await,
-        };
-        let (plan, now_ms) = match evaluated {
-            Ok(evaluated) => evaluated,
-            Err(error) => return (Err(error), false),
-        };
-        let ending = plan.ending(|writes| match protocol {
-            Protocol::Prepared | Protocol::PreviousPrepared | Protocol::LedgerLockPrepared => {
-                (calls::write(ledger, keys, writes, shards, now_ms), 1)
-            }
-            Protocol::Statements => (sql::write(keys, writes, shards, now_ms), 1),
-        });
-        transaction::end(connection, deadline, config.operation_timeout(), ending).await
+            return (result, clean);
+        }
+        let reason = "the batch was decided on rows that changed in every attempt";
+        (Err(CheckError::MalformedResponse { phase: CheckPhase::Update, reason }), false)
     }
 }
 

@@ -165,8 +165,12 @@ pub(crate) async fn admit(
     mode: QuotaMode,
 ) -> (Result<Evaluated, CheckError>, bool) {
     let shard = i16::from(spec.shard);
-    let [begin, settings, lock] =
-        calls::opening(calls::Ledger::Shards, config.server_timeout_millis(), &[shard], false);
+    let [begin, settings, lock] = calls::opening(
+        calls::admission(calls::Ledger::Shards, false),
+        config.server_timeout_millis(),
+        &[shard],
+        false,
+    );
     let preflight = Statement {
         sql: calls::preflight_one(key, shard, increment),
         phase: CheckPhase::Preflight,
@@ -210,9 +214,17 @@ pub(crate) async fn admit(
         Err(error) => return (Err(error), false),
     };
     let ending = plan.ending(|writes| match writes {
-        [write] if write.insert => {
-            (calls::write(calls::Ledger::Shards, &[*key], writes, &[shard], now_ms), 1)
-        }
+        [write] if write.insert => (
+            calls::write(
+                calls::admission(calls::Ledger::Shards, false),
+                &[*key],
+                writes,
+                &[],
+                &[shard],
+                now_ms,
+            ),
+            1,
+        ),
         // The provisional update is the write: `COMMIT` alone.
         _ => (String::new(), 0),
     });

@@ -146,16 +146,26 @@ fn verified_allowance(
     allows(TheoreticalArrivalTime::from_scaled(before)).ok_or(DISAGREES)
 }
 
-/// Whether `error` is the insert statement's own refusal (see
-/// [`ROW_LOCK_INSERT_ONE`](calls::ROW_LOCK_INSERT_ONE)).
+/// Whether `error` is a write statement's own refusal of a row-lock protocol's write, before
+/// `COMMIT`: the insert of a new key (see [`ROW_LOCK_INSERT_ONE`](calls::ROW_LOCK_INSERT_ONE))
+/// or an optimistic batch write (see [`ROW_LOCK_WRITE`](calls::ROW_LOCK_WRITE)).
 fn is_refused_insert(error: &CheckError) -> bool {
     match error {
         CheckError::Database { source, .. } => {
             sqlstate(source).as_deref() == Some("22P02")
-                && source.as_database_error().is_some_and(|error| error.message().contains("runlimit:"))
+                && source.as_database_error().is_some_and(|error| {
+                    let message = error.message();
+                    message.contains("runlimit: a new gcra row was not inserted")
+                        || message.contains("runlimit: a gcra row changed since it was read")
+                })
         }
         _ => false,
     }
+}
+
+/// Whether `result` failed on a row-lock write's own refusal (see [`is_refused_insert`]).
+pub(crate) fn is_refused_write<T>(result: &Result<T, CheckError>) -> bool {
+    result.as_ref().err().is_some_and(is_refused_insert)
 }
 
 /// Admits one check through the row-lock statements (see the [module docs](self)). Returns the
@@ -232,7 +242,7 @@ async fn attempt(
         (None, Some(_)) => Step::Done((Err(bad("an arrival time written for a key without a row")), false)),
         (Some(_), None) => {
             // Not updated: read the row's latest committed time, and end the transaction.
-            let (read_sql, _) = calls::read(calls::Ledger::Shards, &[*key]);
+            let (read_sql, _) = calls::read(calls::admission(calls::Ledger::Shards, false), &[*key]);
             let sql = format!("{read_sql}{}", script::ROLLBACK);
             let output = match script::run(connection, sql, deadline).await {
                 Ok(output) => output,

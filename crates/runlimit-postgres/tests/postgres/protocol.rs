@@ -778,15 +778,14 @@ async fn admissions_take_a_fixed_number_of_round_trips_and_statements() {
 
 const ROW_LOCK_ADMIT: &str = "EXECUTE runlimit_gcra_rowlock_admit_one_v1(";
 const ROW_LOCK_INSERT: &str = "EXECUTE runlimit_gcra_rowlock_insert_one_v1(";
-const ROW_LOCK_READ: &str = "EXECUTE runlimit_gcra_rowlock_read_";
 const LEDGER_LOCK: &str = "EXECUTE runlimit_gcra_ledger_lock_";
-const LEDGER_WRITE: &str = "EXECUTE runlimit_gcra_ledger_write_";
+const ROW_LOCK_WRITE: &str = "EXECUTE runlimit_gcra_rowlock_write_";
 
 /// On the row-lock protocol (a fresh database, which `migrate` switches), a one-check admission
 /// is two round trips: `BEGIN`, the settings and the admission statement, then `COMMIT` alone
 /// (a stored key the statement updated), the insert and `COMMIT` (a new key), or the read of the
 /// key's time and `ROLLBACK` (a denial); a batch locks the row-lock ledger and reads its keys'
-/// rows with row locks, then writes and commits, for every batch size. A limiter that did not
+/// rows, then writes them (only if unchanged since the read) and commits, for every batch size. A limiter that did not
 /// migrate learns the switch on its first admission, and admits it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
@@ -838,7 +837,7 @@ async fn row_lock_admissions_take_a_fixed_number_of_round_trips_and_statements()
             assert!(matches!(decision.unwrap().view(), BatchDecisionView::Allowed { .. }));
             assert_script(
                 &recording,
-                &[&[BEGIN, SETTINGS, LEDGER_LOCK, ROW_LOCK_READ], &[LEDGER_WRITE, COMMIT]],
+                &[&[BEGIN, SETTINGS, LEDGER_LOCK, GCRA_READ], &[ROW_LOCK_WRITE, COMMIT]],
                 &context(what),
             );
             assert_eq!(recording.figures(), (2, 6), "{}", context(what));
@@ -848,7 +847,7 @@ async fn row_lock_admissions_take_a_fixed_number_of_round_trips_and_statements()
         assert!(denied_first(&decision.unwrap()));
         assert_script(
             &recording,
-            &[&[BEGIN, SETTINGS, LEDGER_LOCK, ROW_LOCK_READ], &[ROLLBACK]],
+            &[&[BEGIN, SETTINGS, LEDGER_LOCK, GCRA_READ], &[ROLLBACK]],
             &context("denied"),
         );
     }

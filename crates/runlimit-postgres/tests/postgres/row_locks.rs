@@ -186,6 +186,14 @@ async fn earlier_replicas_fail_closed_after_the_switch_and_current_ones_learn_it
         "retry-after {retry} ms against the stored {tat_ms} at {now}"
     );
     assert!(unaware.peek(subject(12, 1).bind(&policy)).await.unwrap().available() == 0);
+    // Replicas of this release that had not heard of the switch learn it from a peek, a reset or
+    // a cleanup pass just as from a check.
+    let peeks = PostgresGcraLimiter::new(switcher.pool().clone());
+    assert_eq!(peeks.peek(subject(12, 1).bind(&policy)).await.unwrap().available(), 0);
+    let cleans = PostgresGcraLimiter::new(switcher.pool().clone());
+    assert_eq!(cleans.cleanup_expired(10).await.unwrap(), 0);
+    let resets = PostgresGcraLimiter::new(switcher.pool().clone());
+    assert!(!resets.reset(subject(12, 9).bind(&policy)).await.unwrap());
     assert!(unaware.reset(subject(12, 1).bind(&policy)).await.unwrap());
     assert!(unaware.check(&key).await.unwrap().permits_request(), "reset on row locks");
     assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await.1, 1);
@@ -376,5 +384,60 @@ async fn decides_as_gcra_store_at_pinned_instants() {
         }
     }
     drop(admin);
+    db.finish().await;
+}
+
+/// A batch on row locks reads its keys' rows without locking them, so a one-check admission
+/// may change one between the batch's read and its write: the write is then refused before
+/// `COMMIT`, and the batch is decided again on the row as that admission left it, reading the
+/// rows with row locks this time (so a second attempt cannot be refused). Here a
+/// stranger's update stands for that admission: it holds the key's row while the batch reads and
+/// tries to write, then commits one more emission interval; the batch is allowed, and the
+/// stored time is the stranger's plus the batch's interval, not the batch's first decision
+/// written over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_batch_decides_again_when_a_row_changed_after_its_read() {
+    const INTERVAL_MS: i64 = 60_000;
+    let db = TestDatabase::create("row_locks_batch_retry").await;
+    let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
+    let limiter = gcra_limiter_on(db.pool(2).await, true).await.with_config(patient);
+    let policy = gcra("row_locks.retry", 1, 60_000, 5);
+    let (hot, other) = (check(&policy, subject(90, 1)), check(&policy, subject(91, 1)));
+    assert!(limiter.check(&hot).await.unwrap().permits_request());
+    let mut admin = db.connection().await;
+    let (first, _) = stored(&mut admin, &hot).await.unwrap();
+
+    let mut stranger = db.connection().await;
+    let stranger_pid: i32 =
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut stranger).await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut stranger).await.unwrap();
+    sqlx::query(
+        "UPDATE public.runlimit_gcra SET tat_ms = tat_ms + $2, expires_at_ms = expires_at_ms + $2 \
+         WHERE counter_key = $1",
+    )
+    .bind(hot.counter_key().to_bytes().as_slice())
+    .bind(INTERVAL_MS)
+    .execute(&mut stranger)
+    .await
+    .unwrap();
+    let batch = {
+        let limiter = limiter.clone();
+        let policy = policy.clone();
+        tokio::spawn(async move {
+            let checks = [check(&policy, subject(90, 1)), check(&policy, subject(91, 1))];
+            limiter.check_all(&checks).await
+        })
+    };
+    // The batch read the row as it was (the stranger has not committed) and now waits for the
+    // row to write it.
+    waiting_backend(&mut admin, &db.name, stranger_pid).await;
+    sqlx::raw_sql("COMMIT").execute(&mut stranger).await.unwrap();
+    let decision = batch.await.unwrap().expect("the batch is decided again, not failed");
+    assert!(matches!(decision.view(), BatchDecisionView::Allowed { .. }), "{decision:?}");
+    let (after, remainder) = stored(&mut admin, &hot).await.unwrap();
+    assert_eq!((after - first, remainder), (2 * INTERVAL_MS, 0), "the stranger's interval and the batch's");
+    assert!(stored(&mut admin, &other).await.is_some());
+    drop((admin, stranger));
     db.finish().await;
 }
