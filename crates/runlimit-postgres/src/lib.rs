@@ -272,8 +272,8 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 ///
 /// **Row locks.** The ledger rows live in `public.runlimit_gcra_ledger` instead. A one-check
 /// admission of a stored key takes no ledger lock: after the settings, one statement samples
-/// the clock (clamped to the shard's watermark) and updates the key's row to `max(tat, now × Q)
-/// + cost × P` when the check fits, evaluated by PostgreSQL on the row's latest committed
+/// the clock (clamped to the shard's watermark) and updates the key's row to
+/// `max(tat, now × Q) + cost × P` when the check fits, evaluated by PostgreSQL on the row's latest committed
 /// version (an `UPDATE` that waited for a concurrent writer re-evaluates its condition and
 /// values on the version that writer committed), so two admissions of a key never decide on
 /// the same stored time. Rust checks the written time against the evaluator and sends `COMMIT`

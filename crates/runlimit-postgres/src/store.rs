@@ -83,6 +83,10 @@ pub(crate) mod sealed {
         }
     }
 
+    /// What [`Algorithm::fresh_install`] returns: the statements around the migrations, and what
+    /// to record once they ran.
+    pub(crate) type FreshInstallHook = (crate::migrations::FreshInstall, fn(&Learned));
+
     /// Proof of being this crate: every method of [`Algorithm`] takes one, and nothing
     /// outside the crate can make one, so nothing outside it can call them (and so skip batch
     /// validation, the observer or the transaction skeleton).
@@ -112,7 +116,7 @@ pub(crate) mod sealed {
         /// What [`migrate`](super::PostgresStore::migrate) runs around the migrations when they
         /// install the algorithm's tables for the first time, and what it then learned; `None`
         /// when nothing.
-        fn fresh_install(_: Internal) -> Option<(crate::migrations::FreshInstall, fn(&Learned))> {
+        fn fresh_install(_: Internal) -> Option<FreshInstallHook> {
             None
         }
 

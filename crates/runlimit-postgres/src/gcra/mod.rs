@@ -33,7 +33,7 @@ use crate::{
     observe::Evaluated,
     prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
-    store::sealed::{Algorithm, Internal, Learned},
+    store::sealed::{Algorithm, FreshInstallHook, Internal, Learned},
     transaction::{self, Plan, check_failure, maintenance_failure},
 };
 
@@ -304,11 +304,9 @@ async fn evaluate_calls(
     connection: &mut PgConnection,
     deadline: Deadline,
     config: &PostgresConfig,
-    keys: &[[u8; 64]],
-    specs: &[GcraSpec],
-    shards: &[i16],
-    mode: QuotaMode,
+    admission: &Admission<'_>,
 ) -> Result<Decided, CheckError> {
+    let Admission { keys, specs, shards, mode } = *admission;
     let batch = keys.len() > 1;
     let [begin, settings, lock] = calls::opening(set, config.server_timeout_millis(), shards, batch);
     let (read_sql, read_prepared) = calls::read(set, keys);
@@ -396,11 +394,10 @@ impl Admission<'_> {
         let attempts = if ledger == Ledger::RowLocks { 2 } else { 1 };
         for attempt in 1..=attempts {
             let set = calls::admission(ledger, attempt == attempts && ledger == Ledger::RowLocks);
-            let (plan, now_ms, stored) =
-                match evaluate_calls(set, connection, deadline, config, keys, specs, shards, mode).await {
-                    Ok(evaluated) => evaluated,
-                    Err(error) => return (Err(error), false),
-                };
+            let (plan, now_ms, stored) = match evaluate_calls(set, connection, deadline, config, self).await {
+                Ok(evaluated) => evaluated,
+                Err(error) => return (Err(error), false),
+            };
             let ending = plan.ending(|writes| (calls::write(set, keys, writes, &stored, shards, now_ms), 1));
             let (result, clean) =
                 transaction::end(connection, deadline, config.operation_timeout(), ending).await;
@@ -428,7 +425,7 @@ impl Algorithm for GcraPolicy {
 
     /// A database without the GCRA tables has no replica on the ledger-lock protocol: it is
     /// switched to row locks right after its first migration.
-    fn fresh_install(_: Internal) -> Option<(FreshInstall, fn(&Learned))> {
+    fn fresh_install(_: Internal) -> Option<FreshInstallHook> {
         let install = FreshInstall {
             probe: "SELECT pg_catalog.to_regclass('public.runlimit_gcra_shards') IS NULL",
             then: "SELECT public.runlimit_gcra_switch_to_row_locks()",

@@ -481,7 +481,7 @@ async fn limiters_decide_at_the_instant(row_locks: bool) {
     clock.advance(1).await;
     // At +334 ms the arrival time was 666.67 ms; it becomes exactly 1,000 ms.
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 666));
-    let ledger = gcra_ledger_table(&mut *direct.acquire().await.unwrap()).await;
+    let ledger = gcra_ledger_table(&mut direct.acquire().await.unwrap()).await;
     let watermark_sql = format!("SELECT watermark_ms FROM {ledger} WHERE shard = 3");
     let watermark: i64 =
         sqlx::query_scalar(sqlx::AssertSqlSafe(watermark_sql.clone())).fetch_one(&direct).await.unwrap();

@@ -152,7 +152,7 @@ async fn earlier_replicas_fail_closed_after_the_switch_and_current_ones_learn_it
     for (index, limiter) in earlier.iter().enumerate() {
         let what = format!("earlier replica {index}");
         assert_fenced(&limiter.check(&key).await.unwrap_err(), &format!("{what}, check"));
-        let batch = [key.clone(), check(&policy, subject(12, 2))];
+        let batch = [key, check(&policy, subject(12, 2))];
         let error = limiter.check_all(&batch).await.unwrap_err();
         assert_eq!(error.consumption(), ConsumptionStatus::NotConsumed, "{what}, batch");
         assert!(
