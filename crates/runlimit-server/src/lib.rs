@@ -64,6 +64,7 @@
 mod backend;
 mod cli;
 mod config;
+mod escape;
 mod grpc;
 mod health;
 mod http;

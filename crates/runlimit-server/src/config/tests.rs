@@ -1861,3 +1861,93 @@ descriptors:
     );
     assert_eq!(table(shared).restarted_counters(&table(shared)), Vec::<String>::new());
 }
+
+// --- Control characters of keys and values, escaped wherever they are shown ---
+
+/// An unknown key holding a line feed and a terminal escape (YAML's `\n` and `\e` in double
+/// quotes): in the YAML reader's message.
+const UNKNOWN_CONTROLS: &str = "domain: u\ndescriptors:\n  - key: a\n    \"bad\\nkey\\e[31m\": 1\n";
+
+/// A unit and a rule key (in a duplicate's path) holding them.
+const CONTROLS: &str = r#"domain: d
+descriptors:
+  - key: "k\n\e[2J"
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: "k\n\e[2J"
+    rate_limit: { unit: "min\nute\e[0m", requests_per_unit: 1 }
+"#;
+
+/// An unknown key with a tab and an escape brought in by a merge key: in the document path too.
+const MERGED_CONTROLS: &str = "domain: m\ndescriptors:\n  - key: m\n    <<: { \"\\t\\e\": 1 }\n";
+
+/// Regression: the control characters were printed raw, so one problem spanned several lines
+/// and could drive the terminal showing it. Each is escaped as `char::escape_debug` writes it.
+#[test]
+fn control_characters_of_keys_and_values_are_escaped_in_problems() {
+    let text = problems([
+        ("unknown.yaml", UNKNOWN_CONTROLS),
+        ("controls.yaml", CONTROLS),
+        ("merged.yaml", MERGED_CONTROLS),
+    ]);
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "unknown.yaml: descriptors[0]: unknown field `bad\\nkey\\u{1b}[31m`, expected one of `key`, `value`, \
+             `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+             `share_threshold`, `metadata` at line 4 column 5",
+            "controls.yaml: descriptors[1]: duplicates the rule `d.k\\n\\u{1b}[2J` of the same list (same key and \
+             value)",
+            "controls.yaml: descriptors[1].rate_limit.unit: unknown unit `min\\nute\\u{1b}[0m`; expected one of second, \
+             minute, hour, day, week, month, year (any letter case)",
+            "merged.yaml: descriptors[0].\\t\\u{1b}: unknown field `\\t\\u{1b}`, expected one of `key`, `value`, \
+             `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+             `share_threshold`, `metadata`",
+        ]
+    );
+    // Each problem is one line, and nothing else is a control character.
+    assert!(!text.replace('\n', "").contains(char::is_control), "{text:?}");
+}
+
+/// A problem's kind displays its values escaped too; its fields keep them as found.
+#[test]
+fn a_problem_keeps_the_values_as_found_and_displays_them_escaped() {
+    let sources =
+        [("unknown.yaml", UNKNOWN_CONTROLS), ("controls.yaml", CONTROLS), ("merged.yaml", MERGED_CONTROLS)];
+    let Err(errors) = RuleTable::from_sources(sources) else { panic!("valid") };
+    let unit = &errors.errors()[2];
+    assert!(matches!(unit.kind(), ConfigErrorKind::InvalidUnit { unit } if unit == "min\nute\u{1b}[0m"));
+    assert_eq!(
+        unit.kind().to_string(),
+        "unknown unit `min\\nute\\u{1b}[0m`; expected one of second, minute, hour, day, week, month, year (any \
+         letter case)"
+    );
+    let ConfigErrorKind::Yaml { message } = errors.errors()[3].kind() else {
+        panic!("{:?}", errors.errors()[3])
+    };
+    assert!(
+        message.starts_with("descriptors[0].\t\u{1b}: unknown field `\t\u{1b}`, expected"),
+        "{message:?}"
+    );
+}
+
+/// Regression: `describe`, `dump` (`/rlconfig`) and `restarted_counters` (`check-config
+/// --previous`, the reload's warnings) printed rule paths with their control characters raw.
+#[test]
+fn rule_lines_escape_the_control_characters_of_keys_and_values() {
+    let rules = |limit: u32| {
+        table(&format!(
+            "domain: \"d\\e\"\ndescriptors:\n  - key: \"k\\n\\e[2J\"\n    value: \"v\\r\"\n    rate_limit: {{ unit: \
+             minute, requests_per_unit: {limit} }}\n"
+        ))
+    };
+    let (old, new) = (rules(1), rules(2));
+    assert_eq!(new.describe(), lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: 2 per minute (fixed_window)"]));
+    assert_eq!(
+        new.dump(),
+        lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: unit=MINUTE requests_per_unit=2, shadow_mode: false"])
+    );
+    assert_eq!(
+        new.restarted_counters(&old),
+        lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: 1 per minute (fixed_window) -> 2 per minute (fixed_window)"])
+    );
+}
