@@ -9,6 +9,7 @@ mod error;
 mod glob;
 mod merge;
 mod nesting;
+mod range;
 mod yaml;
 
 use std::{
@@ -529,7 +530,9 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
     let mut value: serde_norway::Value = match serde_norway::from_str(text) {
         Ok(value) => value,
         Err(error) => {
-            errors.push(yaml_error(error.to_string()));
+            // An integer beyond 64 bits fails here whatever its field: said so, with its range.
+            let message = range::integer_out_of_range(text, &error).unwrap_or_else(|| error.to_string());
+            errors.push(yaml_error(message));
             return None;
         }
     };

@@ -638,6 +638,59 @@ fn requests_per_unit_above_u32() {
     );
 }
 
+/// Regression: an integer beyond 64 bits read `invalid type: integer `18446744073709551616` as
+/// u128, expected any YAML value`, which said neither that it was too large nor what the field
+/// allows.
+#[test]
+fn requests_per_unit_above_u64() {
+    assert_eq!(
+        problem("big.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 18446744073709551616")),
+        "big.yaml: descriptors[0].rate_limit.requests_per_unit: integer `18446744073709551616` is out of range for \
+         requests_per_unit: from 0 to 4294967295 at line 6 column 26"
+    );
+    assert_eq!(
+        problem("small.yaml", &with_rate_limit("unit: second\nrequests_per_unit: -9223372036854775809")),
+        "small.yaml: descriptors[0].rate_limit.requests_per_unit: integer `-9223372036854775809` is out of range \
+         for requests_per_unit: from 0 to 4294967295 at line 6 column 26"
+    );
+    // In a file with merge keys, read another way, the message is the same.
+    let merged = "domain: d\ndescriptors:\n  - <<: { key: a }\n    rate_limit: { unit: second, requests_per_unit: \
+                  18446744073709551616 }\n";
+    assert_eq!(
+        problem("merged.yaml", merged),
+        "merged.yaml: descriptors[0].rate_limit.requests_per_unit: integer `18446744073709551616` is out of range \
+         for requests_per_unit: from 0 to 4294967295 at line 4 column 52"
+    );
+}
+
+/// An integer beyond 64 bits in a text field (a descriptor value) is refused too, saying to
+/// quote it; quoted, it is the value.
+#[test]
+fn an_integer_beyond_64_bits_elsewhere_is_to_be_quoted() {
+    let text = |value: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: a\n    value: {value}\n    rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+        )
+    };
+    assert_eq!(
+        problem("value.yaml", &text("18446744073709551616")),
+        "value.yaml: descriptors[0].value: integer `18446744073709551616` is beyond the 64-bit integers a rule file \
+         may hold; quote it if it is text at line 4 column 12"
+    );
+    assert_eq!(
+        table(&text("\"18446744073709551616\"")).describe(),
+        lines(&["d.a_18446744073709551616: 1 per second (fixed_window)"])
+    );
+}
+
+/// When the reading stops at another problem first, that problem is reported, as it was.
+#[test]
+fn an_earlier_problem_is_reported_before_an_integer_beyond_64_bits() {
+    let text = "domain: d\ndomain: e\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: \
+                18446744073709551616 }\n";
+    assert_eq!(problem("twice.yaml", text), "twice.yaml: duplicate entry with key \"domain\"");
+}
+
 #[test]
 fn requests_per_unit_negative() {
     assert_eq!(
@@ -697,8 +750,8 @@ fn gcra_burst_above_the_maximum() {
                 "algorithm: gcra\nunit: second\nrequests_per_unit: 5\nburst: 18446744073709551616"
             )
         ),
-        "burst.yaml: descriptors[0].rate_limit.burst: invalid type: integer `18446744073709551616` as u128, \
-         expected any YAML value at line 8 column 14"
+        "burst.yaml: descriptors[0].rate_limit.burst: integer `18446744073709551616` is out of range for burst: \
+         from 1 to 9223372036854775807 at line 8 column 14"
     );
 }
 
