@@ -194,7 +194,8 @@ async fn rlconfig(State(state): State<AppState>) -> Response {
     let (table, loaded_at) = state.service.snapshot();
     let mut body = format!("# loaded at unix time {} from", unix_seconds(loaded_at));
     for file in table.files() {
-        let _ = write!(body, " {}", file.display());
+        // A file name may hold control characters too: the header stays one line.
+        let _ = write!(body, " {}", crate::escape::escape_controls(&file.display().to_string()));
     }
     body.push('\n');
     if let Some(problem) = state.health.config_problem() {

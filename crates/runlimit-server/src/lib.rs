@@ -13,7 +13,8 @@
 //! - [`Service`]: the `ShouldRateLimit` call. It matches each request descriptor against the
 //!   table, admits the matched rules as one atomic batch of a [`Backend`] (process memory,
 //!   Redis or PostgreSQL) and builds the response. Every rule it applies lives in
-//!   `runlimit_core`; the service only adapts.
+//!   `runlimit_core`; the service only adapts. [`RateLimitServer`] is its gRPC service (a
+//!   request that cannot be decoded is answered `INVALID_ARGUMENT`).
 //! - [`Server`]: binds the gRPC and HTTP listeners and serves until shut down; [`run`] is the
 //!   binary's whole life.
 //!
@@ -63,6 +64,7 @@
 mod backend;
 mod cli;
 mod config;
+mod escape;
 mod grpc;
 mod health;
 mod http;
@@ -90,7 +92,7 @@ pub use crate::server::{
 };
 pub use crate::service::{
     BackendErrorMode, HeaderFormat, MAX_DESCRIPTORS, MAX_DOMAIN_LEN, MAX_ENTRIES, MAX_KEY_LEN, MAX_VALUE_LEN,
-    Service, ServiceOptions,
+    RateLimitServer, Service, ServiceOptions,
 };
 
 /// Runs the server `args` describe until SIGINT or SIGTERM: loads the rules, prepares the

@@ -8,7 +8,6 @@ use std::{
     time::Duration,
 };
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use runlimit_memory::{MemoryStoreConfig, MemoryStoreConfigError};
 use runlimit_postgres::PostgresConfig;
@@ -26,7 +25,7 @@ use crate::{
     health::Health,
     http, metrics,
     secret::{KEY_SECRET_ENV, KeySecretError, KeySecretSource, key_hasher},
-    service::{Service, ServiceOptions},
+    service::{RateLimitServer, Service, ServiceOptions},
 };
 
 /// The start of the line printed on stdout once the gRPC listener is bound, followed by the
@@ -403,7 +402,7 @@ impl Server {
             // Every call's request: a read deadline and a byte budget shared by all calls.
             .layer(crate::grpc::RequestBounds::new())
             .add_service(health_service)
-            .add_service(RateLimitServiceServer::new(service.clone()))
+            .add_service(RateLimitServer::new(service.clone()))
             // At most MAX_GRPC_CONNECTIONS connections, with TCP_NODELAY.
             .serve_with_incoming_shutdown(crate::grpc::incoming(grpc), wait(stopped.clone()));
         let app = http::AppState { service: service.clone(), health: health.clone(), metrics };
@@ -523,9 +522,9 @@ async fn report(reporter: &tonic_health::server::HealthReporter, serving: bool) 
         if serving { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
     reporter.set_service_status("", status).await;
     if serving {
-        reporter.set_serving::<RateLimitServiceServer<Service>>().await;
+        reporter.set_serving::<RateLimitServer>().await;
     } else {
-        reporter.set_not_serving::<RateLimitServiceServer<Service>>().await;
+        reporter.set_not_serving::<RateLimitServer>().await;
     }
 }
 

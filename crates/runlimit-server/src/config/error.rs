@@ -1,6 +1,12 @@
 //! What a rule file can get wrong.
 
-use std::{fmt, io, path::PathBuf};
+use std::{
+    fmt::{self, Write as _},
+    io,
+    path::PathBuf,
+};
+
+use crate::escape::{EscapeControls, Escaped};
 
 /// One problem in the rule files: the file, where in its document, and what is wrong.
 ///
@@ -10,6 +16,10 @@ use std::{fmt, io, path::PathBuf};
 /// document path of the offending value (`descriptors[2]` is the third entry of the top-level
 /// list); it is left out for problems of the file as a whole. YAML syntax and type errors
 /// carry the YAML reader's own path and its line and column instead.
+///
+/// The display is one line: every control character of the file name, the path and the
+/// message (a key or value of the file holding a line feed or a terminal escape) is escaped as
+/// `char::escape_debug` writes it (`\n`, `\u{1b}`). The accessors return the text as found.
 #[derive(Debug)]
 pub struct ConfigError {
     file: PathBuf,
@@ -44,11 +54,12 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.file.display())?;
+        let mut out = EscapeControls(f);
+        write!(out, "{}: ", self.file.display())?;
         if !self.location.is_empty() {
-            write!(f, "{}: ", self.location)?;
+            write!(out, "{}: ", self.location)?;
         }
-        write!(f, "{}", self.kind)
+        write!(out, "{}", self.kind)
     }
 }
 
@@ -66,6 +77,7 @@ impl std::error::Error for ConfigError {
 ///
 /// Displayed one problem per line, each followed by its causes (`: ` and the operating
 /// system's error, for [`ConfigErrorKind::Read`]), since this list is the whole report.
+/// Control characters are escaped (see [`ConfigError`]), so each problem is exactly one line.
 #[derive(Debug)]
 pub struct ConfigErrors {
     errors: Vec<ConfigError>,
@@ -93,7 +105,7 @@ impl fmt::Display for ConfigErrors {
             write!(f, "{error}")?;
             let mut source = std::error::Error::source(error);
             while let Some(cause) = source {
-                write!(f, ": {cause}")?;
+                write!(EscapeControls(&mut *f), ": {cause}")?;
                 source = cause.source();
             }
         }
@@ -104,7 +116,8 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// What is wrong, without where. The display of each variant is the sentence
-/// [`ConfigError`] shows after the path.
+/// [`ConfigError`] shows after the path, with the control characters of the values it quotes
+/// escaped (`\n`, `\u{1b}`); the fields hold the values as found.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigErrorKind {
@@ -121,19 +134,19 @@ pub enum ConfigErrorKind {
     /// The YAML does not parse, or a value has the wrong type (a string where a number is
     /// expected, a number out of range, a misspelled key...). The message is the YAML
     /// reader's, with the document path and the line and column.
-    #[error("{message}")]
+    #[error("{}", Escaped(.message))]
     Yaml {
         /// The reader's message.
         message: String,
     },
     /// A mapping key is not a string (`0.25: x`).
-    #[error("key `{key}` is not a string; keys are field names such as `key` or `rate_limit`")]
+    #[error("key `{}` is not a string; keys are field names such as `key` or `rate_limit`", Escaped(.key))]
     NonStringKey {
         /// The key, as YAML.
         key: String,
     },
     /// A list item is not a map (`descriptors: [a, b]`).
-    #[error("is {found}; every item of this list is a map (such as `key: ...`)")]
+    #[error("is {}; every item of this list is a map (such as `key: ...`)", Escaped(.found))]
     NonMapListItem {
         /// What was found instead, with its value (`the string "a"`).
         found: String,
@@ -153,7 +166,7 @@ pub enum ConfigErrorKind {
         column: usize,
     },
     /// The document is not a map.
-    #[error("the document is {found}; a rule file is a map with `domain` and `descriptors`")]
+    #[error("the document is {}; a rule file is a map with `domain` and `descriptors`", Escaped(.found))]
     NotAMap {
         /// What was found instead.
         found: String,
@@ -162,7 +175,7 @@ pub enum ConfigErrorKind {
     #[error("is missing or empty; every rule file names its domain")]
     EmptyDomain,
     /// Another file already defines the domain.
-    #[error("`{domain}` is already defined in {other}; each domain's rules live in one file")]
+    #[error("`{}` is already defined in {}; each domain's rules live in one file", Escaped(.domain), Escaped(.other))]
     DuplicateDomain {
         /// The domain.
         domain: String,
@@ -173,7 +186,7 @@ pub enum ConfigErrorKind {
     #[error("is missing or empty; every rule has a non-empty `key`")]
     EmptyKey,
     /// Two rules of one list have the same key and value.
-    #[error("duplicates the rule `{rule}` of the same list (same key and value)")]
+    #[error("duplicates the rule `{}` of the same list (same key and value)", Escaped(.rule))]
     DuplicateRule {
         /// The rule's path, `domain.key_value...`.
         rule: String,
@@ -183,7 +196,8 @@ pub enum ConfigErrorKind {
     MissingUnit,
     /// `unit` names no unit.
     #[error(
-        "unknown unit `{unit}`; expected one of second, minute, hour, day, week, month, year (any letter case)"
+        "unknown unit `{}`; expected one of second, minute, hour, day, week, month, year (any letter case)",
+        Escaped(.unit)
     )]
     InvalidUnit {
         /// The value found.
@@ -199,13 +213,13 @@ pub enum ConfigErrorKind {
     #[error("is empty; each entry of `replaces` names the rule it replaces")]
     EmptyReplaces,
     /// A rule replaces itself.
-    #[error("`{name}` is this rule's own name; a rule cannot replace itself")]
+    #[error("`{}` is this rule's own name; a rule cannot replace itself", Escaped(.name))]
     ReplacesSelf {
         /// The name.
         name: String,
     },
     /// A `replaces` entry names no rule of the domain.
-    #[error("`{name}` is the name of no rule in domain `{domain}`")]
+    #[error("`{}` is the name of no rule in domain `{}`", Escaped(.name), Escaped(.domain))]
     ReplacesUnknown {
         /// The name.
         name: String,
@@ -213,7 +227,7 @@ pub enum ConfigErrorKind {
         domain: String,
     },
     /// `share_threshold: true` on a rule whose key and value hold no `*`.
-    #[error("applies only to a wildcard rule, whose value holds a `*`, but the rule is `{rule}`")]
+    #[error("applies only to a wildcard rule, whose value holds a `*`, but the rule is `{}`", Escaped(.rule))]
     ShareThresholdWithoutWildcard {
         /// The rule's key, or `key_value`.
         rule: String,
@@ -226,7 +240,7 @@ pub enum ConfigErrorKind {
     )]
     QuotaModeUnsupported,
     /// `algorithm` names no algorithm.
-    #[error("unknown algorithm `{algorithm}`; expected `fixed_window` (the default) or `gcra`")]
+    #[error("unknown algorithm `{}`; expected `fixed_window` (the default) or `gcra`", Escaped(.algorithm))]
     InvalidAlgorithm {
         /// The value found.
         algorithm: String,
@@ -236,8 +250,9 @@ pub enum ConfigErrorKind {
     BurstWithoutGcra,
     /// Two limited rules of one domain use different algorithms.
     #[error(
-        "is `{algorithm}`, but rule `{other_rule}` of the same domain uses `{other}`; every rule of \
-         a domain uses one algorithm, because a request is admitted as one atomic batch of one limiter"
+        "is `{algorithm}`, but rule `{}` of the same domain uses `{other}`; every rule of a domain \
+         uses one algorithm, because a request is admitted as one atomic batch of one limiter",
+        Escaped(.other_rule)
     )]
     MixedAlgorithms {
         /// This rule's algorithm.
@@ -248,7 +263,7 @@ pub enum ConfigErrorKind {
         other: &'static str,
     },
     /// Runlimit refused the quota (a GCRA burst of 0 or above `runlimit_core::MAX_LIMIT`).
-    #[error("{reason}")]
+    #[error("{}", Escaped(.reason))]
     Policy {
         /// Runlimit's reason.
         reason: String,

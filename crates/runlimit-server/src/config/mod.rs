@@ -9,6 +9,7 @@ mod error;
 mod glob;
 mod merge;
 mod nesting;
+mod range;
 mod yaml;
 
 use std::{
@@ -25,6 +26,7 @@ use sha2::{Digest as _, Sha256};
 pub use self::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub(crate) use self::glob::Glob;
 use self::yaml::{FileDoc, RateLimitDoc, RuleDoc};
+use crate::escape::escape_line;
 
 /// A rule's time unit: the length of its window (or GCRA period).
 ///
@@ -325,13 +327,14 @@ impl RuleTable {
 
     /// Every limited rule (`domain.key_value...` path) with its limit, as
     /// `path: N per UNIT (ALGORITHM)` lines sorted by path; `unlimited` rules read
-    /// `path: unlimited`. Shadow-mode rules end in ` [shadow]`.
+    /// `path: unlimited`. Shadow-mode rules end in ` [shadow]`. Control characters of the
+    /// keys and values are escaped (`\n`, `\u{1b}`), so each line is one line.
     #[must_use]
     pub fn describe(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
             .domains
             .values()
-            .flat_map(|domain| domain.rules.iter().map(move |rule| describe_rule(domain, rule)))
+            .flat_map(|domain| domain.rules.iter().map(move |rule| escape_line(describe_rule(domain, rule))))
             .collect();
         lines.sort();
         lines
@@ -341,6 +344,7 @@ impl RuleTable {
     /// `/rlconfig` form: `PATH: unit=MINUTE requests_per_unit=5, shadow_mode: false`, with
     /// `, algorithm: gcra, burst: B` for a GCRA rule and `PATH: unlimited, shadow_mode: false`
     /// for an unlimited one. `shadow_mode` is true under the server's global shadow mode too.
+    /// Control characters of the keys and values are escaped (`\n`, `\u{1b}`).
     #[must_use]
     pub fn dump(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
@@ -363,7 +367,7 @@ impl RuleTable {
                     }
                 }
                 let _ = write!(line, ", shadow_mode: {}", rule.shadow);
-                line
+                escape_line(line)
             })
             .collect();
         lines.sort();
@@ -373,8 +377,9 @@ impl RuleTable {
     /// The rules whose counters a change from `previous` to `self` starts afresh: every rule
     /// present in both (same domain and descriptor path, compared as keys and values) whose
     /// limit, unit, algorithm or burst differs, or whose `share_threshold` patterns along the
-    /// path differ (which values share a counter), as `path: OLD -> NEW` lines sorted by path. Rules only in one of the tables are
-    /// not listed (a new rule starts fresh, a removed one is gone).
+    /// path differ (which values share a counter), as `path: OLD -> NEW` lines sorted by path,
+    /// control characters escaped (`\n`, `\u{1b}`). Rules only in one of the tables are not
+    /// listed (a new rule starts fresh, a removed one is gone).
     #[must_use]
     pub fn restarted_counters(&self, previous: &Self) -> Vec<String> {
         let mut lines = Vec::new();
@@ -386,7 +391,7 @@ impl RuleTable {
                 let Some(old) = old_rules.get(&rule.identity) else { continue };
                 let (old_text, new_text) = (counter_text(old_domain, old), counter_text(domain, rule));
                 if old_text != new_text {
-                    lines.push(format!("{}: {old_text} -> {new_text}", rule.path));
+                    lines.push(escape_line(format!("{}: {old_text} -> {new_text}", rule.path)));
                 }
             }
         }
@@ -525,7 +530,9 @@ fn parse(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> Option<FileD
     let mut value: serde_norway::Value = match serde_norway::from_str(text) {
         Ok(value) => value,
         Err(error) => {
-            errors.push(yaml_error(error.to_string()));
+            // An integer beyond 64 bits fails here whatever its field: said so, with its range.
+            let message = range::integer_out_of_range(text, &error).unwrap_or_else(|| error.to_string());
+            errors.push(yaml_error(message));
             return None;
         }
     };

@@ -638,6 +638,59 @@ fn requests_per_unit_above_u32() {
     );
 }
 
+/// Regression: an integer beyond 64 bits read `invalid type: integer `18446744073709551616` as
+/// u128, expected any YAML value`, which said neither that it was too large nor what the field
+/// allows.
+#[test]
+fn requests_per_unit_above_u64() {
+    assert_eq!(
+        problem("big.yaml", &with_rate_limit("unit: second\nrequests_per_unit: 18446744073709551616")),
+        "big.yaml: descriptors[0].rate_limit.requests_per_unit: integer `18446744073709551616` is out of range for \
+         requests_per_unit: from 0 to 4294967295 at line 6 column 26"
+    );
+    assert_eq!(
+        problem("small.yaml", &with_rate_limit("unit: second\nrequests_per_unit: -9223372036854775809")),
+        "small.yaml: descriptors[0].rate_limit.requests_per_unit: integer `-9223372036854775809` is out of range \
+         for requests_per_unit: from 0 to 4294967295 at line 6 column 26"
+    );
+    // In a file with merge keys, read another way, the message is the same.
+    let merged = "domain: d\ndescriptors:\n  - <<: { key: a }\n    rate_limit: { unit: second, requests_per_unit: \
+                  18446744073709551616 }\n";
+    assert_eq!(
+        problem("merged.yaml", merged),
+        "merged.yaml: descriptors[0].rate_limit.requests_per_unit: integer `18446744073709551616` is out of range \
+         for requests_per_unit: from 0 to 4294967295 at line 4 column 52"
+    );
+}
+
+/// An integer beyond 64 bits in a text field (a descriptor value) is refused too, saying to
+/// quote it; quoted, it is the value.
+#[test]
+fn an_integer_beyond_64_bits_elsewhere_is_to_be_quoted() {
+    let text = |value: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: a\n    value: {value}\n    rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+        )
+    };
+    assert_eq!(
+        problem("value.yaml", &text("18446744073709551616")),
+        "value.yaml: descriptors[0].value: integer `18446744073709551616` is beyond the 64-bit integers a rule file \
+         may hold; quote it if it is text at line 4 column 12"
+    );
+    assert_eq!(
+        table(&text("\"18446744073709551616\"")).describe(),
+        lines(&["d.a_18446744073709551616: 1 per second (fixed_window)"])
+    );
+}
+
+/// When the reading stops at another problem first, that problem is reported, as it was.
+#[test]
+fn an_earlier_problem_is_reported_before_an_integer_beyond_64_bits() {
+    let text = "domain: d\ndomain: e\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: \
+                18446744073709551616 }\n";
+    assert_eq!(problem("twice.yaml", text), "twice.yaml: duplicate entry with key \"domain\"");
+}
+
 #[test]
 fn requests_per_unit_negative() {
     assert_eq!(
@@ -697,8 +750,8 @@ fn gcra_burst_above_the_maximum() {
                 "algorithm: gcra\nunit: second\nrequests_per_unit: 5\nburst: 18446744073709551616"
             )
         ),
-        "burst.yaml: descriptors[0].rate_limit.burst: invalid type: integer `18446744073709551616` as u128, \
-         expected any YAML value at line 8 column 14"
+        "burst.yaml: descriptors[0].rate_limit.burst: integer `18446744073709551616` is out of range for burst: \
+         from 1 to 9223372036854775807 at line 8 column 14"
     );
 }
 
@@ -1860,4 +1913,94 @@ descriptors:
         ])
     );
     assert_eq!(table(shared).restarted_counters(&table(shared)), Vec::<String>::new());
+}
+
+// --- Control characters of keys and values, escaped wherever they are shown ---
+
+/// An unknown key holding a line feed and a terminal escape (YAML's `\n` and `\e` in double
+/// quotes): in the YAML reader's message.
+const UNKNOWN_CONTROLS: &str = "domain: u\ndescriptors:\n  - key: a\n    \"bad\\nkey\\e[31m\": 1\n";
+
+/// A unit and a rule key (in a duplicate's path) holding them.
+const CONTROLS: &str = r#"domain: d
+descriptors:
+  - key: "k\n\e[2J"
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: "k\n\e[2J"
+    rate_limit: { unit: "min\nute\e[0m", requests_per_unit: 1 }
+"#;
+
+/// An unknown key with a tab and an escape brought in by a merge key: in the document path too.
+const MERGED_CONTROLS: &str = "domain: m\ndescriptors:\n  - key: m\n    <<: { \"\\t\\e\": 1 }\n";
+
+/// Regression: the control characters were printed raw, so one problem spanned several lines
+/// and could drive the terminal showing it. Each is escaped as `char::escape_debug` writes it.
+#[test]
+fn control_characters_of_keys_and_values_are_escaped_in_problems() {
+    let text = problems([
+        ("unknown.yaml", UNKNOWN_CONTROLS),
+        ("controls.yaml", CONTROLS),
+        ("merged.yaml", MERGED_CONTROLS),
+    ]);
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "unknown.yaml: descriptors[0]: unknown field `bad\\nkey\\u{1b}[31m`, expected one of `key`, `value`, \
+             `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+             `share_threshold`, `metadata` at line 4 column 5",
+            "controls.yaml: descriptors[1]: duplicates the rule `d.k\\n\\u{1b}[2J` of the same list (same key and \
+             value)",
+            "controls.yaml: descriptors[1].rate_limit.unit: unknown unit `min\\nute\\u{1b}[0m`; expected one of second, \
+             minute, hour, day, week, month, year (any letter case)",
+            "merged.yaml: descriptors[0].\\t\\u{1b}: unknown field `\\t\\u{1b}`, expected one of `key`, `value`, \
+             `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+             `share_threshold`, `metadata`",
+        ]
+    );
+    // Each problem is one line, and nothing else is a control character.
+    assert!(!text.replace('\n', "").contains(char::is_control), "{text:?}");
+}
+
+/// A problem's kind displays its values escaped too; its fields keep them as found.
+#[test]
+fn a_problem_keeps_the_values_as_found_and_displays_them_escaped() {
+    let sources =
+        [("unknown.yaml", UNKNOWN_CONTROLS), ("controls.yaml", CONTROLS), ("merged.yaml", MERGED_CONTROLS)];
+    let Err(errors) = RuleTable::from_sources(sources) else { panic!("valid") };
+    let unit = &errors.errors()[2];
+    assert!(matches!(unit.kind(), ConfigErrorKind::InvalidUnit { unit } if unit == "min\nute\u{1b}[0m"));
+    assert_eq!(
+        unit.kind().to_string(),
+        "unknown unit `min\\nute\\u{1b}[0m`; expected one of second, minute, hour, day, week, month, year (any \
+         letter case)"
+    );
+    let ConfigErrorKind::Yaml { message } = errors.errors()[3].kind() else {
+        panic!("{:?}", errors.errors()[3])
+    };
+    assert!(
+        message.starts_with("descriptors[0].\t\u{1b}: unknown field `\t\u{1b}`, expected"),
+        "{message:?}"
+    );
+}
+
+/// Regression: `describe`, `dump` (`/rlconfig`) and `restarted_counters` (`check-config
+/// --previous`, the reload's warnings) printed rule paths with their control characters raw.
+#[test]
+fn rule_lines_escape_the_control_characters_of_keys_and_values() {
+    let rules = |limit: u32| {
+        table(&format!(
+            "domain: \"d\\e\"\ndescriptors:\n  - key: \"k\\n\\e[2J\"\n    value: \"v\\r\"\n    rate_limit: {{ unit: \
+             minute, requests_per_unit: {limit} }}\n"
+        ))
+    };
+    let (old, new) = (rules(1), rules(2));
+    assert_eq!(new.describe(), lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: 2 per minute (fixed_window)"]));
+    assert_eq!(
+        new.dump(),
+        lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: unit=MINUTE requests_per_unit=2, shadow_mode: false"])
+    );
+    assert_eq!(
+        new.restarted_counters(&old),
+        lines(&["d\\u{1b}.k\\n\\u{1b}[2J_v\\r: 1 per minute (fixed_window) -> 2 per minute (fixed_window)"])
+    );
 }

@@ -189,7 +189,10 @@ where
         let Some(policy) = P::of(policy) else {
             return Err(BackendFailure {
                 consumption: ConsumptionStatus::NotConsumed,
-                message: format!("rule {} does not use its domain's algorithm", charge.rule.path),
+                message: format!(
+                    "rule {} does not use its domain's algorithm",
+                    crate::escape::Escaped(&charge.rule.path)
+                ),
             });
         };
         let subject = hasher.hash_for(policy, &charge.subject);

@@ -3,6 +3,7 @@
 mod evaluate;
 mod request;
 mod response;
+mod rpc;
 
 use std::{
     collections::HashMap,
@@ -25,6 +26,7 @@ use tonic::{Request, Response, Status};
 pub(crate) use self::evaluate::Exhaustion;
 pub use self::request::{MAX_DESCRIPTORS, MAX_DOMAIN_LEN, MAX_ENTRIES, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use self::response::HeaderFormat;
+pub use self::rpc::RateLimitServer;
 use self::{
     evaluate::{BackendFailure, Charge, Verdict, evaluate},
     response::Outcome,
@@ -66,9 +68,11 @@ pub struct ServiceOptions {
 /// The rate limit service: Envoy's `envoy.service.ratelimit.v3.RateLimitService` over a rule
 /// table and a Runlimit backend.
 ///
-/// Cloning is cheap (the state is shared). Serve it with
-/// `RateLimitServiceServer::new(service)` (`envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server`), or call
-/// [`should_rate_limit`](Self::should_rate_limit) directly.
+/// Cloning is cheap (the state is shared). Serve it with [`RateLimitServer::new`] (a request
+/// that cannot be decoded is answered `INVALID_ARGUMENT`), or call
+/// [`should_rate_limit`](Self::should_rate_limit) directly. It also implements envoy-types'
+/// generated `RateLimitService` trait, whose `RateLimitServiceServer` answers such a request
+/// `INTERNAL`.
 ///
 /// # Reloading
 ///

@@ -254,3 +254,66 @@ fn invalid_new_rules_are_reported_before_previous_is_read() {
         )
     );
 }
+
+/// Regression: the problems printed a file's control characters raw, so one problem spanned
+/// several lines and the escape reached the terminal. Each problem is one line now, every control
+/// character escaped as Rust's `char::escape_debug` writes it.
+#[test]
+fn control_characters_in_problems_are_escaped_one_problem_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // A line feed and a terminal escape (YAML's `\n` and `\e` in double quotes) in a key and in a
+    // value.
+    let unknown = write(
+        dir.path(),
+        "key.yaml",
+        "domain: api\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n\
+         \x20   \"bad\\nkey\\e[31m\": 1\n",
+    );
+    let unit = write(
+        dir.path(),
+        "value.yaml",
+        "domain: u\ndescriptors:\n  - key: a\n    rate_limit: {unit: \"min\\nute\\e[0m\", requests_per_unit: 1}\n",
+    );
+    let run = check_config(&[dir.path()]);
+    assert_eq!(
+        run,
+        failed(
+            "",
+            &format!(
+                "{}: descriptors[0]: unknown field `bad\\nkey\\u{{1b}}[31m`, expected one of `key`, `value`, \
+                 `rate_limit`, `descriptors`, `shadow_mode`, `quota_mode`, `detailed_metric`, `value_to_metric`, \
+                 `share_threshold`, `metadata` at line 5 column 5\n\
+                 {}: descriptors[0].rate_limit.unit: unknown unit `min\\nute\\u{{1b}}[0m`; expected one of second, \
+                 minute, hour, day, week, month, year (any letter case)\n",
+                unknown.display(),
+                unit.display()
+            )
+        )
+    );
+    assert_eq!(run.stderr.lines().count(), 2);
+    assert!(!run.stderr.contains('\u{1b}'), "{:?}", run.stderr);
+}
+
+/// Regression: the counters `--previous` lists named the rule by its path raw.
+#[test]
+fn previous_escapes_control_characters_in_the_rules_it_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid = |limit: u32| {
+        format!(
+            "domain: api\ndescriptors:\n  - key: \"user\\n\\e[2J\"\n    rate_limit: {{unit: minute, \
+             requests_per_unit: {limit}}}\n"
+        )
+    };
+    let old = write(dir.path(), "old.yaml", &valid(5));
+    let new = write(dir.path(), "new.yaml", &valid(6));
+    assert_eq!(
+        check_config(&[&new, Path::new("--previous"), &old]),
+        ok(&format!(
+            "{}: valid (1 domain, 1 rule, 1 file)
+counters that restart (every client gets the new limit's full quota at once):
+  api.user\\n\\u{{1b}}[2J: 5 per minute (fixed_window) -> 6 per minute (fixed_window)
+",
+            new.display()
+        ))
+    );
+}

@@ -4,7 +4,7 @@
 //! HTTP/2 client (h2), which can stop in the middle of a gRPC message as no gRPC client does.
 
 use crate::backends::{Files, ServerProcess};
-use crate::support::{client, request, views};
+use crate::support::{client, grpc_status, h2_connection, request, views};
 
 use std::{
     io::{Read as _, Write as _},
@@ -123,52 +123,6 @@ fn stalled_call(
     // The stream stays open: dropping the handle does not end it.
     std::mem::forget(stream);
     response
-}
-
-/// `grpc-message`'s percent-encoding undone (gRPC over HTTP/2, "Responses").
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let escaped = text.get(index + 1..index + 3).and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match (bytes[index], escaped) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                index += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8(decoded).unwrap()
-}
-
-/// The `grpc-status` and decoded `grpc-message` a response carries, in its headers (a
-/// trailers-only response) or its trailers.
-async fn grpc_status(response: h2::client::ResponseFuture) -> (String, String) {
-    let response = response.await.unwrap();
-    let field = |headers: &http::HeaderMap, name: &str| {
-        headers.get(name).map(|value| percent_decoded(value.to_str().unwrap())).unwrap_or_default()
-    };
-    if response.headers().contains_key("grpc-status") {
-        return (field(response.headers(), "grpc-status"), field(response.headers(), "grpc-message"));
-    }
-    let mut body = response.into_body();
-    while let Some(data) = body.data().await {
-        data.unwrap();
-    }
-    let trailers = body.trailers().await.unwrap().unwrap_or_default();
-    (field(&trailers, "grpc-status"), field(&trailers, "grpc-message"))
-}
-
-async fn h2_connection(address: SocketAddr) -> h2::client::SendRequest<Bytes> {
-    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
-    let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    sender.ready().await.unwrap()
 }
 
 /// A call that sends part of its message and stops is answered `DEADLINE_EXCEEDED` (4) once

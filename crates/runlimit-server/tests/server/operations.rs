@@ -521,6 +521,59 @@ async fn an_invalid_reload_is_kept_out_and_shown_until_a_valid_one_arrives() {
     server.stop().await;
 }
 
+/// Rules whose key holds a line feed and a terminal escape (YAML's `\n` and `\e` in double
+/// quotes), with `unit`.
+fn rules_with_controls(unit: &str) -> String {
+    format!(
+        "domain: ops\ndescriptors:\n  - key: \"cli\\nent\\e[2J\"\n    rate_limit:\n      unit: \"{unit}\"\n      \
+         requests_per_unit: 5\n"
+    )
+}
+
+/// `/rlconfig` and `/healthcheck` show the control characters of rule files escaped, in the
+/// rules in force and in the problems of a refused reload: one line each. Regression: they
+/// were shown raw, so a rule or a problem spanned several lines and carried terminal escapes.
+#[tokio::test]
+async fn rlconfig_and_healthcheck_escape_the_control_characters_of_rule_files() {
+    let files = Files::new(&rules_with_controls("hour"));
+    let (backend, _clock) = memory();
+    let server = reloading(&files.path("rules.yaml"), &backend, Duration::from_millis(100)).await;
+    let loaded = unix(server.service.loaded_at());
+    let rule = "ops.cli\\nent\\u{1b}[2J: unit=HOUR requests_per_unit=5, shadow_mode: false";
+    let rlconfig = http(server.http, "GET", "/rlconfig", "").await;
+    assert_eq!(rlconfig.body, format!("# loaded at unix time {loaded} from {}\n{rule}\n", files.rules()));
+
+    let before = unix_now();
+    files.replace("rules.yaml", &rules_with_controls("ho\\nur\\e[31m"));
+    let health = || http(server.http, "GET", "/healthcheck", "");
+    eventually(Duration::from_secs(10), "the refused reload shown", || async {
+        health().await.body != "OK\n"
+    })
+    .await;
+    let problem = format!(
+        "{}: descriptors[0].rate_limit.unit: unknown unit `ho\\nur\\u{{1b}}[31m`; expected one of second, minute, \
+         hour, day, week, month, year (any letter case)",
+        files.rules()
+    );
+    let answer = health().await;
+    refused_health(&answer.body, &server.service, before, &problem);
+    let refused_at =
+        answer.body["OK\nthe last reload was refused (at unix time ".len()..].split(')').next().unwrap();
+    let rlconfig = http(server.http, "GET", "/rlconfig", "").await;
+    assert_eq!(
+        rlconfig.body,
+        format!(
+            "# loaded at unix time {loaded} from {rules}\n\
+             # the last reload was refused (at unix time {refused_at}):\n\
+             #   {problem}\n\
+             {rule}\n",
+            rules = files.rules()
+        )
+    );
+    assert!(!rlconfig.body.contains('\u{1b}'), "{:?}", rlconfig.body);
+    server.stop().await;
+}
+
 /// An invalid edit undone (the files back to the very text in force), and a rule file that
 /// disappears and comes back unchanged: nothing new to load, and the problem is no longer
 /// reported. Regression: `/healthcheck` kept reporting the refused reload until some other

@@ -262,6 +262,90 @@ async fn a_malformed_request_of_an_unknown_domain_is_refused_too() {
     server.stop().await;
 }
 
+// Messages that are not a valid RateLimitRequest, sent as raw bytes (no generated client sends
+// them): `INVALID_ARGUMENT`, not the `INTERNAL` of tonic's prost codec.
+
+/// A length-delimited protobuf field: `number`'s key (wire type 2), the length (one byte: every
+/// field here is shorter than 128 bytes) and `bytes`.
+fn length_delimited(number: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut field = vec![number << 3 | 2, u8::try_from(bytes.len()).unwrap()];
+    field.extend_from_slice(bytes);
+    field
+}
+
+/// A `RateLimitRequest` of domain `api` with alice's descriptor, then one entry of raw `key` and
+/// `value` bytes, hand-encoded.
+fn alice_and_raw_entry(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let entry = |key: &[u8], value: &[u8]| [length_delimited(1, key), length_delimited(2, value)].concat();
+    let descriptor = |key: &[u8], value: &[u8]| length_delimited(1, &entry(key, value));
+    [
+        length_delimited(1, b"api"),
+        length_delimited(2, &descriptor(b"user", b"alice")),
+        length_delimited(2, &descriptor(key, value)),
+    ]
+    .concat()
+}
+
+/// Sends `message` over a raw HTTP/2 connection, expects `INVALID_ARGUMENT` (3) with exactly
+/// `expected`, then proves nothing was charged: alice's first valid request leaves 4 of 5.
+async fn assert_undecodable(message: &[u8], expected: &str) {
+    let (server, _clock, mut client) = serve_memory(RULES, ServiceOptions::default()).await;
+    let mut sender = support::h2_connection(server.grpc).await;
+    let (status, text) = support::grpc_status(support::raw_call(&mut sender, message)).await;
+    assert_eq!((status.as_str(), text.as_str()), ("3", expected));
+    let next = call(&mut client, request_of("api", vec![alice()])).await;
+    assert_eq!(views(&next), [user(4, 60_000)]);
+    server.stop().await;
+}
+
+/// The hand-encoding is right: with valid bytes the same message is served, and charges alice.
+#[tokio::test]
+async fn a_hand_encoded_request_is_served() {
+    let (server, _clock, mut client) = serve_memory(RULES, ServiceOptions::default()).await;
+    let mut sender = support::h2_connection(server.grpc).await;
+    let message = alice_and_raw_entry(b"user", b"bob");
+    assert_eq!(support::grpc_status(support::raw_call(&mut sender, &message)).await, ("0".into(), "".into()));
+    let next = call(&mut client, request_of("api", vec![alice()])).await;
+    assert_eq!(views(&next), [user(3, 60_000)]);
+    server.stop().await;
+}
+
+/// Regression: answered `INTERNAL` (13), which says the server failed.
+#[tokio::test]
+async fn an_entry_value_of_invalid_utf8_is_refused() {
+    assert_undecodable(
+        &alice_and_raw_entry(b"user", b"b\xffob"),
+        "the request could not be decoded: failed to decode Protobuf message: Entry.value: \
+         RateLimitDescriptor.entries: RateLimitRequest.descriptors: invalid string value: data is not UTF-8 \
+         encoded",
+    )
+    .await;
+}
+
+/// Regression: answered `INTERNAL` (13).
+#[tokio::test]
+async fn an_entry_key_of_invalid_utf8_is_refused() {
+    assert_undecodable(
+        &alice_and_raw_entry(b"us\xc3er", b"bob"),
+        "the request could not be decoded: failed to decode Protobuf message: Entry.key: \
+         RateLimitDescriptor.entries: RateLimitRequest.descriptors: invalid string value: data is not UTF-8 \
+         encoded",
+    )
+    .await;
+}
+
+/// Regression: answered `INTERNAL` (13).
+#[tokio::test]
+async fn a_truncated_message_is_refused() {
+    let message = alice_and_raw_entry(b"user", b"bob");
+    assert_undecodable(
+        &message[..message.len() - 1],
+        "the request could not be decoded: failed to decode Protobuf message: RateLimitRequest.descriptors: \
+         buffer underflow",
+    )
+    .await;
+}
+
 // hits_addend.
 
 #[tokio::test]

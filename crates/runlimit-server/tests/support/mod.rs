@@ -354,3 +354,73 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+// A raw HTTP/2 client (h2): gRPC calls no generated client can send (stalled, or carrying bytes
+// that are not a valid message).
+
+/// An HTTP/2 connection to `address`, ready to send requests.
+pub async fn h2_connection(address: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    sender.ready().await.unwrap()
+}
+
+/// A `ShouldRateLimit` call on `sender` whose one gRPC message (uncompressed) is `message`, sent
+/// whole; its response's future.
+pub fn raw_call(
+    sender: &mut h2::client::SendRequest<bytes::Bytes>,
+    message: &[u8],
+) -> h2::client::ResponseFuture {
+    let request =
+        http::Request::post("http://localhost/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+    let (response, mut stream) = sender.send_request(request, false).unwrap();
+    let mut frame = vec![0_u8];
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    stream.send_data(bytes::Bytes::from(frame), true).unwrap();
+    response
+}
+
+/// `grpc-message`'s percent-encoding undone (gRPC over HTTP/2, "Responses").
+pub fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = text.get(index + 1..index + 3).and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (bytes[index], escaped) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).unwrap()
+}
+
+/// The `grpc-status` and decoded `grpc-message` a response carries, in its headers (a
+/// trailers-only response) or its trailers.
+pub async fn grpc_status(response: h2::client::ResponseFuture) -> (String, String) {
+    let response = response.await.unwrap();
+    let field = |headers: &http::HeaderMap, name: &str| {
+        headers.get(name).map(|value| percent_decoded(value.to_str().unwrap())).unwrap_or_default()
+    };
+    if response.headers().contains_key("grpc-status") {
+        return (field(response.headers(), "grpc-status"), field(response.headers(), "grpc-message"));
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        data.unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    (field(&trailers, "grpc-status"), field(&trailers, "grpc-message"))
+}

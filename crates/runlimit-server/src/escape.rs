@@ -1,0 +1,78 @@
+//! Control characters of rule-file text escaped where the text is shown: in problems, in the
+//! rules' descriptions, in `/rlconfig`.
+//!
+//! A key or value of a rule file may hold any character, a line feed or a terminal escape
+//! (`ESC`, `\u{1b}`) included (YAML's double-quoted `"\n"`, `"\e"`). Echoed raw, one problem
+//! would span several lines (and be read as several by whoever reads a line per problem) or
+//! drive the terminal that shows it. Each control character (`char::is_control`: U+0000 to
+//! U+001F and U+007F to U+009F) is written as `char::escape_debug` writes it: `\n`, `\r`,
+//! `\t`, `\0`, and `\u{1b}` for the others. Every other character is written as is, backslashes
+//! and quotes included, so escaping text twice changes nothing more.
+
+use std::{
+    borrow::Cow,
+    fmt::{self, Write as _},
+};
+
+/// `text` for display: itself when it holds no control character, else a copy with each one
+/// escaped (see the module's documentation).
+pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
+    if !text.contains(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    // Writing to a String does not fail.
+    let _ = EscapeControls(&mut escaped).write_str(text);
+    Cow::Owned(escaped)
+}
+
+/// [`escape_controls`] of an owned line: the line itself when it needs no escaping.
+pub(crate) fn escape_line(line: String) -> String {
+    match escape_controls(&line) {
+        Cow::Borrowed(_) => line,
+        Cow::Owned(escaped) => escaped,
+    }
+}
+
+/// Displays a `&str` with its control characters escaped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Escaped<'a>(pub(crate) &'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        EscapeControls(f).write_str(self.0)
+    }
+}
+
+/// A writer that escapes the control characters of everything written through it to `W`.
+#[derive(Debug)]
+pub(crate) struct EscapeControls<W>(pub(crate) W);
+
+impl<W: fmt::Write> fmt::Write for EscapeControls<W> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut start = 0;
+        for (at, control) in text.char_indices().filter(|(_, character)| character.is_control()) {
+            self.0.write_str(text.get(start..at).unwrap_or_default())?;
+            write!(self.0, "{}", control.escape_debug())?;
+            start = at + control.len_utf8();
+        }
+        self.0.write_str(text.get(start..).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Escaped, escape_controls};
+
+    #[test]
+    fn control_characters_are_escaped_and_nothing_else() {
+        assert_eq!(
+            escape_controls("k\n\u{1b}[31m\t\r\0\u{7f}\u{85}"),
+            "k\\n\\u{1b}[31m\\t\\r\\0\\u{7f}\\u{85}"
+        );
+        assert_eq!(escape_controls("a \"b\" \\ é ✓"), "a \"b\" \\ é ✓");
+        assert_eq!(Escaped("x\ny").to_string(), "x\\ny");
+        // Escaped text holds no control character: a second pass leaves it as it is.
+        assert_eq!(escape_controls("x\\ny\\u{1b}"), "x\\ny\\u{1b}");
+    }
+}
