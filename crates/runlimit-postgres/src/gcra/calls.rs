@@ -154,7 +154,9 @@ pub(crate) fn admission(ledger: Ledger, locking_read: bool) -> &'static Admissio
 /// ledger, each row `$3[i]` updated only while it still holds the arrival time `($7, $8)[i]` the
 /// read returned; fails with SQLSTATE 22P02 and the message `runlimit: a gcra row changed since
 /// it was read` unless every row was updated (a one-check admission, which takes no ledger lock,
-/// changed one since the read), before `COMMIT` can run.
+/// changed one since the read), before `COMMIT` can run. Its own text, where the pessimistic
+/// set's writes are derived from the ledger-lock ones ([`on_ledger`]): the comparison is what it
+/// adds, and it changes what the statement refuses.
 pub(crate) static ROW_LOCK_WRITE: Prepared = Prepared {
     name: "runlimit_gcra_rowlock_write_v1",
     prepare: include_str!("../sql/gcra_prepare_rowlock_write.sql"),

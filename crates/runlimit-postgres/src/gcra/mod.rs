@@ -81,6 +81,22 @@ fn effective_now(clock_ms: i64, watermarks: impl IntoIterator<Item = i64>) -> Re
     u64::try_from(clock_ms).ok().and(u64::try_from(now).ok()).ok_or("negative database time")
 }
 
+/// The arrival time in the columns `ms` and `remainder` of `row`: `None` when both are null (no
+/// row), a malformed response of `phase` when only one is.
+fn stored_pair(
+    row: &sqlx::postgres::PgRow,
+    ms: &str,
+    remainder: &str,
+    phase: CheckPhase,
+) -> Result<Option<StoredTat>, CheckError> {
+    let parts: (Option<i64>, Option<i64>) = (column(row, ms, phase)?, column(row, remainder, phase)?);
+    match parts {
+        (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
+        (None, None) => Ok(None),
+        _ => Err(malformed(phase)("half an arrival time")),
+    }
+}
+
 fn stored_tat(stored: StoredTat, parameters: &GcraParameters) -> Option<TheoreticalArrivalTime> {
     let millis = u64::try_from(stored.tat_ms).ok()?;
     let remainder = u64::try_from(stored.tat_remainder).ok()?;

@@ -40,7 +40,9 @@ use runlimit_core::{QuotaMode, backend::gcra::GcraParameters};
 use sqlx::PgConnection;
 use tokio::time::Instant as Deadline;
 
-use super::{GcraSpec, GcraWrite, StoredTat, calls, decide, effective_now, parse_ledger, stored_tat};
+use super::{
+    GcraSpec, GcraWrite, StoredTat, calls, decide, effective_now, parse_ledger, stored_pair, stored_tat,
+};
 use crate::{
     config::PostgresConfig,
     error::{CheckError, CheckPhase},
@@ -118,19 +120,11 @@ fn parse_preflight(output: &script::ScriptOutput, statement: usize) -> Result<Pr
     let phase = CheckPhase::Preflight;
     let bad = malformed(phase);
     let row = output.only_row(statement).ok_or_else(|| bad("expected one preflight row"))?;
-    let pair = |ms: &str, remainder: &str| -> Result<Option<StoredTat>, CheckError> {
-        let parts: (Option<i64>, Option<i64>) = (column(row, ms, phase)?, column(row, remainder, phase)?);
-        match parts {
-            (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
-            (None, None) => Ok(None),
-            _ => Err(bad("half an arrival time")),
-        }
-    };
     let preflight = Preflight {
         clock_ms: column(row, "clock_ms", phase)?,
         now_ms: column(row, "now_ms", phase)?,
-        stored: pair("tat_ms", "tat_remainder")?,
-        written: pair("next_tat_ms", "next_tat_remainder")?,
+        stored: stored_pair(row, "tat_ms", "tat_remainder", phase)?,
+        written: stored_pair(row, "next_tat_ms", "next_tat_remainder", phase)?,
     };
     if preflight.written.is_some() && preflight.stored.is_none() {
         return Err(bad("an arrival time written for a key without a row"));

@@ -53,7 +53,9 @@ use runlimit_core::{
 use sqlx::PgConnection;
 use tokio::time::Instant as Deadline;
 
-use super::{GcraSpec, GcraWrite, LedgerRow, StoredTat, calls, decide, one::Increment, stored_tat};
+use super::{
+    GcraSpec, GcraWrite, LedgerRow, StoredTat, calls, decide, one::Increment, stored_pair, stored_tat,
+};
 use crate::{
     config::PostgresConfig,
     error::{CheckError, CheckPhase, sqlstate},
@@ -82,21 +84,13 @@ fn parse_answer(output: &script::ScriptOutput, statement: usize) -> Result<Answe
     let bad = malformed(phase);
     let row =
         output.only_row(statement).ok_or_else(|| bad("the row-lock ledger has no row for the shard"))?;
-    let pair = |ms: &str, remainder: &str| -> Result<Option<StoredTat>, CheckError> {
-        let parts: (Option<i64>, Option<i64>) = (column(row, ms, phase)?, column(row, remainder, phase)?);
-        match parts {
-            (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
-            (None, None) => Ok(None),
-            _ => Err(bad("half an arrival time")),
-        }
-    };
     let row_count: i32 = column(row, "row_count", phase)?;
     let answer = Answer {
         clock_ms: column(row, "clock_ms", phase)?,
         now_ms: column(row, "now_ms", phase)?,
         row_count: i64::from(row_count),
-        stored: pair("tat_ms", "tat_remainder")?,
-        written: pair("next_tat_ms", "next_tat_remainder")?,
+        stored: stored_pair(row, "tat_ms", "tat_remainder", phase)?,
+        written: stored_pair(row, "next_tat_ms", "next_tat_remainder", phase)?,
     };
     if answer.written.is_some() && answer.stored.is_none() {
         return Err(bad("an arrival time written for a key without a row"));
@@ -252,16 +246,10 @@ async fn attempt(
                 }
             };
             let phase = CheckPhase::Preflight;
-            let fresh = (|| {
-                let row = output.only_row(0).ok_or_else(|| bad("expected one read row"))?;
-                let parts: (Option<i64>, Option<i64>) =
-                    (column(row, "tat_ms", phase)?, column(row, "tat_remainder", phase)?);
-                match parts {
-                    (Some(tat_ms), Some(tat_remainder)) => Ok(Some(StoredTat { tat_ms, tat_remainder })),
-                    (None, None) => Ok(None),
-                    _ => Err(bad("half an arrival time")),
-                }
-            })();
+            let fresh = output
+                .only_row(0)
+                .ok_or_else(|| bad("expected one read row"))
+                .and_then(|row| stored_pair(row, "tat_ms", "tat_remainder", phase));
             let fresh = match fresh {
                 Ok(fresh) => fresh,
                 Err(error) => return Step::Done((Err(error), true)),
