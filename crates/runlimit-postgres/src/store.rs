@@ -439,7 +439,8 @@ impl<O: Observer> PostgresStore<GcraPolicy, O> {
     /// guarantee holds under both protocols: database time clamped to a per-shard watermark,
     /// capacity bounds, all-or-nothing batches, and the consumption classification of errors.
     /// [`migrate`](Self::migrate) switches a database it installs the GCRA tables on, since no
-    /// earlier replica can be using it. See the
+    /// replica has used it yet (a replica of an earlier release that installs them at the same
+    /// moment fails closed afterwards, like any earlier replica after a switch). See the
     /// [operations guide](crate::operations#switching-gcra-to-row-locks).
     ///
     /// One transaction: the switch locks every ledger row of the ledger-lock protocol in
