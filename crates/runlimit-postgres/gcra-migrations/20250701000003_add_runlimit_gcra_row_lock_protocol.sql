@@ -14,7 +14,9 @@
 --     protocol without the lock it relies on.
 -- The counting triggers count into both ledgers (only one of them has rows at any time), the old
 -- one first, so a writer that was waiting on an old ledger row while the switch committed still
--- counts its rows in the new ledger.
+-- counts its rows in the new ledger. They run as the invoking role, so every privilege granted on
+-- the old ledger is granted on the new one here: a role that could admit before this migration
+-- still can after it, and after the switch.
 
 CREATE TABLE public.runlimit_gcra_ledger (
     shard smallint NOT NULL,
@@ -24,6 +26,29 @@ CREATE TABLE public.runlimit_gcra_ledger (
     CONSTRAINT runlimit_gcra_ledger_shard_range CHECK (shard >= 0 AND shard <= 255),
     CONSTRAINT runlimit_gcra_ledger_capacity CHECK (row_count >= 0 AND row_count <= 65536)
 ) WITH (fillfactor = 50);
+
+DO $$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN
+        SELECT a.grantee, a.privilege_type
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid = 'public.runlimit_gcra_shards'::pg_catalog.regclass AND a.grantee <> c.relowner
+    LOOP
+        IF granted.grantee = 0 THEN
+            EXECUTE pg_catalog.format('GRANT %s ON public.runlimit_gcra_ledger TO PUBLIC', granted.privilege_type);
+        ELSE
+            EXECUTE pg_catalog.format(
+                'GRANT %s ON public.runlimit_gcra_ledger TO %I',
+                granted.privilege_type,
+                (SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.oid = granted.grantee)
+            );
+        END IF;
+    END LOOP;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION public.runlimit_gcra_count_inserts() RETURNS trigger
 LANGUAGE plpgsql

@@ -278,13 +278,17 @@ pub type PostgresLimiter<O = ()> = PostgresStore<runlimit_core::FixedWindowPolic
 /// values on the version that writer committed), so two admissions of a key never decide on
 /// the same stored time. Rust checks the written time against the evaluator and sends `COMMIT`
 /// alone; a check that does not fit writes nothing, and the second round trip reads the key's
-/// latest time (for the exact retry-after) with `ROLLBACK`; a new key is inserted under its
-/// shard's ledger row lock, which also bounds the shard's rows. Batches, cleanup and resets lock
-/// ledger rows as before, and batches also row-lock their keys (`FOR NO KEY UPDATE`, in key
-/// order) before sampling the clock, so they exclude those one-check updates. A one-check
-/// admission that waits for another admission of the same key decides at the clock sample
-/// taken when its statement started, before the wait: never early, and its delays are at most
-/// the wait longer.
+/// latest time (its retry-after is measured from it, at the first statement's clock sample)
+/// with `ROLLBACK`; a new key is inserted under its shard's ledger row lock, which also bounds
+/// the shard's rows. A check whose key's row went away under it, or whose insert was refused
+/// (another admission inserted the key, or a batch or cleanup moved the shard's watermark past
+/// its clock sample), is decided again as a batch of one with locking reads. Batches, cleanup and
+/// resets lock ledger rows as before; batches read their keys' rows without row locks and write
+/// each only if it still holds the time read, so a one-check update in between makes the write
+/// refuse before `COMMIT`, and the batch is decided again, this time reading its rows `FOR NO
+/// KEY UPDATE` (in key order) before sampling the clock. A one-check admission that waits for
+/// another admission of the same key decides at the clock sample taken when its statement
+/// started, before the wait: never early, and its delays are at most the wait longer.
 ///
 /// Replicas that know both protocols learn the switch from the database (the ledger-lock
 /// statements find no ledger row; the admission is then rolled back and made on row locks), so

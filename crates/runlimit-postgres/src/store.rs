@@ -429,13 +429,15 @@ impl<O: Observer> PostgresStore<GcraPolicy, O> {
     /// Switches the database's GCRA admissions from the ledger-lock protocol to the row-lock
     /// protocol, and returns whether this call switched (`false`: it already was). Call it once
     /// every replica using the database runs this release or a later one (a replica of an earlier
-    /// release fails closed from then on: its admissions, resets and cleanup return errors and
-    /// consume nothing). Idempotent and safe to call from several replicas at once.
+    /// release fails closed from then on: its admissions, peeks and resets return errors and
+    /// consume nothing, and its cleanup passes find nothing to clean). Idempotent and safe to
+    /// call from several replicas at once.
     ///
     /// Until the switch, every admission locks its shards' rows of the capacity ledger, so
     /// admissions of keys in one shard (of 256) are serialized. After it, a check of one stored
-    /// key is a single row update, with no shard-wide lock, which costs PostgreSQL about half the
-    /// CPU per check; batches, new keys, cleanup and reset still lock their shards. Every
+    /// key is a single row update, with no shard-wide lock, which costs PostgreSQL about a
+    /// seventh less CPU per check (see the crate README's figures); batches, new keys, cleanup and
+    /// reset still lock their shards. Every
     /// guarantee holds under both protocols: database time clamped to a per-shard watermark,
     /// capacity bounds, all-or-nothing batches, and the consumption classification of errors.
     /// [`migrate`](Self::migrate) switches a database it installs the GCRA tables on, since no

@@ -384,15 +384,24 @@ impl Admission<'_> {
     ) -> (Result<Evaluated, CheckError>, bool) {
         let Self { keys, specs, shards, mode } = *self;
         let protocol = config.protocol();
+        // On row locks, a one-check admission that could not decide without locks (its key's
+        // row went away under it, or the insert of its new key was refused) is decided as a
+        // batch of one on locking reads.
+        let mut locking_only = false;
         if let (Protocol::Prepared | Protocol::LedgerLockPrepared, [key], [spec]) = (protocol, keys, specs)
             && let Some(increment) = one::Increment::of(&spec.parameters, spec.cost)
         {
-            return match ledger {
-                Ledger::Shards => one::admit(connection, deadline, config, key, *spec, increment, mode).await,
-                Ledger::RowLocks => {
-                    rowlock::admit(connection, deadline, config, key, *spec, increment, mode).await
+            match ledger {
+                Ledger::Shards => {
+                    return one::admit(connection, deadline, config, key, *spec, increment, mode).await;
                 }
-            };
+                Ledger::RowLocks => {
+                    match rowlock::admit(connection, deadline, config, key, *spec, increment, mode).await {
+                        Some(done) => return done,
+                        None => locking_only = true,
+                    }
+                }
+            }
         }
         if protocol == Protocol::Statements {
             let (plan, now_ms, _) =
@@ -407,7 +416,7 @@ impl Admission<'_> {
         // one-check admission did not change one meanwhile; when one did, the write is refused
         // before `COMMIT`, the transaction rolled back and the batch decided again, this time
         // locking the rows as it reads them, so it cannot be refused again.
-        let attempts = if ledger == Ledger::RowLocks { 2 } else { 1 };
+        let attempts = if ledger == Ledger::RowLocks && !locking_only { 2 } else { 1 };
         for attempt in 1..=attempts {
             let set = calls::admission(ledger, attempt == attempts && ledger == Ledger::RowLocks);
             let (plan, now_ms, stored) = match evaluate_calls(set, connection, deadline, config, self).await {
@@ -649,9 +658,10 @@ async fn reset_on(
     Ok(expires_at_ms.map(|expires| u64::from(!is_expired(u64::try_from(expires).unwrap_or(0), now_ms))))
 }
 
-/// [`Algorithm::cleanup`] on `ledger`. On the ledger-lock protocol, discovery also counts the
-/// ledger's rows: none means the protocol was switched, which `learned` then records (a
-/// [`LEDGER_GONE`] failure the caller retries on the row-lock ledger).
+/// [`Algorithm::cleanup`] on `ledger`. On the ledger-lock protocol of a replica that can learn
+/// the switch (`learned`), discovery also counts the ledger's rows: none means the protocol was
+/// switched, which `learned` then records (a [`LEDGER_GONE`] failure the caller retries on the
+/// row-lock ledger).
 async fn cleanup_on(
     ledger: Ledger,
     learned: Option<&Learned>,
@@ -666,7 +676,10 @@ async fn cleanup_on(
         sql.push_str(&sql::cleanup_settings(config.server_timeout_millis()));
         sql.push_str(&ledger.on(sql::discover()));
         let discover_statement = script::BEGIN_STATEMENTS + 1;
-        if ledger == Ledger::Shards {
+        // A replica that can learn the switch also counts the ledger's rows (one that cannot,
+        // as a release before the row-lock protocol, finds nothing to clean after the switch).
+        let counts_ledger = ledger == Ledger::Shards && learned.is_some();
+        if counts_ledger {
             sql.push_str(&format!(
                 "SELECT pg_catalog.count(*)::bigint AS ledger_rows FROM {};",
                 calls::SHARDS_TABLE
@@ -677,17 +690,16 @@ async fn cleanup_on(
             .map_err(|error| maintenance_failure(error.failure, MaintenancePhase::Begin, timeout))?;
         let begin_malformed =
             |reason| MaintenanceError::MalformedResponse { phase: MaintenancePhase::Begin, reason };
-        if ledger == Ledger::Shards {
+        if counts_ledger {
             let rows: i64 = output
                 .only_row(discover_statement + 1)
                 .and_then(|row| row.try_get("ledger_rows").ok())
                 .ok_or_else(|| begin_malformed("undecodable column"))?;
-            if rows == 0 {
-                // The protocol was switched: a replica that knows it learns it (and the caller
-                // retries on the row-lock ledger); one that does not fails closed.
-                if let Some(learned) = learned {
-                    learn_switch(connection, deadline, learned).await;
-                }
+            if rows == 0
+                && let Some(learned) = learned
+            {
+                // The protocol was switched: learn it (the caller retries on the row-lock ledger).
+                learn_switch(connection, deadline, learned).await;
                 return Err(begin_malformed(LEDGER_GONE));
             }
         }

@@ -11,11 +11,13 @@
 //!   version after waiting for a concurrent writer), so two admissions of one key never both
 //!   decide on the same stored time;
 //! - batches, one-checks of new keys, cleanup and reset lock the new ledger rows (ascending shard
-//!   order, as before); batches also read their keys' rows `FOR NO KEY UPDATE` (in key order)
-//!   before sampling the clock, so they exclude the one-check `UPDATE`s, and a one-check of a new
-//!   key inserts under its shard's ledger lock, so capacity stays exact;
-//! - a replica of an earlier release finds no ledger row to lock: its admissions fail closed
-//!   (`MalformedResponse`, nothing consumed) instead of deciding without the lock it relies on.
+//!   order, as before); batches read their keys' rows without row locks and write each only if
+//!   it still holds the time read (a one-check `UPDATE` may have moved it: the write is then
+//!   refused before `COMMIT` and the batch decided again, reading `FOR NO KEY UPDATE`), and a
+//!   one-check of a new key inserts under its shard's ledger lock, so capacity stays exact;
+//! - a replica of an earlier release finds no ledger row to lock: its admissions, peeks and
+//!   resets fail closed (`MalformedResponse`, nothing consumed) instead of deciding without the
+//!   lock it relies on, and its cleanup passes find nothing to clean.
 //!
 //! # One-check admission: two round trips
 //!
@@ -29,16 +31,20 @@
 //!      evaluator treats alike) it must allow the check and write exactly that time;
 //!    - the row exists but was not updated (the check did not fit): `EXECUTE
 //!      runlimit_gcra_read_one_v1` (the row's latest committed time) and `ROLLBACK`; the denial
-//!      is the evaluator's at the first round trip's time from that time. A stored time that
-//!      moved back (the key was reset or cleaned up meanwhile) is admitted again from the start;
+//!      is the evaluator's at the first round trip's time from that time (so its delay is
+//!      measured from that earlier clock sample: conservative). A row that went away meanwhile
+//!      is decided under locks (below);
 //!    - the key has no row: a storage-capacity denial and `ROLLBACK` when the shard's row count
 //!      is at the configured bound, else `EXECUTE runlimit_gcra_rowlock_insert_one_v1` (insert
-//!      under the shard's ledger row lock, refused before `COMMIT` when the shard filled up, the
-//!      watermark moved past the admission's time or another admission inserted the key first)
-//!      and `COMMIT`; a refused insert is admitted again from the start.
+//!      under the shard's ledger row lock, refused before `COMMIT` when the shard filled up, a
+//!      batch or cleanup moved the shard's watermark past the admission's time, or another
+//!      admission inserted the key first; the insert itself leaves the watermark alone)
+//!      and `COMMIT`.
 //!
-//! At most [`MAX_ATTEMPTS`] starts; a key that changes under every one of them fails the
-//! admission ([`CheckError::MalformedResponse`], nothing consumed).
+//! A refused insert, or a row that went away under the update (a reset or cleanup deleted it),
+//! sends the check, after `ROLLBACK`, to the batch statements with locking reads (the shard's
+//! ledger row, then the key's row `FOR NO KEY UPDATE`, then the clock): decided under locks, it
+//! cannot be refused.
 //!
 //! # Time
 //!
@@ -64,10 +70,6 @@ use crate::{
     script::{self, column, malformed},
     transaction::{self, Ending, Plan, check_failure},
 };
-
-/// How many times a one-check admission starts before it gives up on a key that keeps changing
-/// under it.
-pub(crate) const MAX_ATTEMPTS: usize = 3;
 
 /// The first round trip's answer.
 #[derive(Debug)]
@@ -98,10 +100,10 @@ fn parse_answer(output: &script::ScriptOutput, statement: usize) -> Result<Answe
     Ok(answer)
 }
 
-/// What one start of the admission came to.
+/// What the admission came to.
 enum Step {
     Done((Result<Evaluated, CheckError>, bool)),
-    /// Start again: the connection is clean (its transaction was rolled back).
+    /// Decide under locks: the connection is clean (its transaction was rolled back).
     Again,
 }
 
@@ -162,8 +164,9 @@ pub(crate) fn is_refused_write<T>(result: &Result<T, CheckError>) -> bool {
     result.as_ref().err().is_some_and(is_refused_insert)
 }
 
-/// Admits one check through the row-lock statements (see the [module docs](self)). Returns the
-/// result and whether the connection is clean.
+/// Admits one check through the row-lock statements (see the [module docs](self)): the result
+/// and whether the connection is clean, or `None` when the check must be decided under locks
+/// (the connection is then clean: its transaction was rolled back).
 pub(crate) async fn admit(
     connection: &mut PgConnection,
     deadline: Deadline,
@@ -172,15 +175,11 @@ pub(crate) async fn admit(
     spec: GcraSpec,
     increment: Increment,
     mode: QuotaMode,
-) -> (Result<Evaluated, CheckError>, bool) {
-    for _ in 0..MAX_ATTEMPTS {
-        match attempt(connection, deadline, config, key, spec, increment, mode).await {
-            Step::Done(done) => return done,
-            Step::Again => {}
-        }
+) -> Option<(Result<Evaluated, CheckError>, bool)> {
+    match attempt(connection, deadline, config, key, spec, increment, mode).await {
+        Step::Done(done) => Some(done),
+        Step::Again => None,
     }
-    let reason = "the key's row changed during every attempt to admit it";
-    (Err(CheckError::MalformedResponse { phase: CheckPhase::Preflight, reason }), true)
 }
 
 async fn attempt(
@@ -256,7 +255,8 @@ async fn attempt(
             };
             match decide(&[spec], &[fresh], now_ms, &ledger, config.maximum_rows_per_shard(), mode) {
                 Ok(Plan::Rollback(denial)) => Step::Done((Ok(Evaluated::Denied(denial)), true)),
-                // The row was deleted or moved back since the update passed it over.
+                // The row was deleted (or deleted and inserted again) since the update passed it
+                // over: decide under locks.
                 Ok(Plan::Commit { .. }) => Step::Again,
                 Err(reason) => Step::Done((Err(bad(reason)), true)),
             }
@@ -276,7 +276,7 @@ async fn attempt(
             match result {
                 Err(error) if is_refused_insert(&error) => {
                     // The insert was refused before `COMMIT` ran: end the aborted transaction and
-                    // start again, to decide on what is stored now.
+                    // decide under locks, on what is stored now.
                     match script::run(connection, script::ROLLBACK.to_owned(), deadline).await {
                         Ok(_) => Step::Again,
                         Err(_) => Step::Done((Err(error), false)),

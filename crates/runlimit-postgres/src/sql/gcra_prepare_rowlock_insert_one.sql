@@ -12,13 +12,6 @@ inserted AS (
     WHERE ledger.watermark_ms OPERATOR(pg_catalog.<=) $1 AND ledger.row_count OPERATOR(pg_catalog.<) $7
     ON CONFLICT (counter_key) DO NOTHING
     RETURNING 1
-),
-marked AS (
-    UPDATE public.runlimit_gcra_ledger AS l
-    SET watermark_ms = $1
-    WHERE l.shard OPERATOR(pg_catalog.=) $2 AND l.watermark_ms OPERATOR(pg_catalog.<) $1
-      AND EXISTS (SELECT FROM inserted)
-    RETURNING 1
 )
 SELECT (CASE
             WHEN (SELECT pg_catalog.count(*) FROM inserted) OPERATOR(pg_catalog.=) 1

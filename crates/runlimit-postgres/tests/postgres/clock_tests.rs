@@ -471,6 +471,10 @@ async fn limiters_decide_at_the_instant(row_locks: bool) {
     let limiter = PostgresGcraLimiter::new(proxied.clone());
     let policy_gcra = gcra(3, 1_000, 2);
     let key = Check::new(subject(3, 1).bind(&policy_gcra));
+    let ledger = gcra_ledger_table(&mut direct.acquire().await.unwrap()).await;
+    let watermark_sql = format!("SELECT watermark_ms FROM {ledger} WHERE shard = 3");
+    let before: i64 =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(watermark_sql.clone())).fetch_one(&direct).await.unwrap();
     let inserted_at = clock.now_ms();
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (1, 334));
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 667));
@@ -481,13 +485,13 @@ async fn limiters_decide_at_the_instant(row_locks: bool) {
     clock.advance(1).await;
     // At +334 ms the arrival time was 666.67 ms; it becomes exactly 1,000 ms.
     assert_eq!(allowed(limiter.check(&key).await.unwrap().view()), (0, 666));
-    let ledger = gcra_ledger_table(&mut direct.acquire().await.unwrap()).await;
-    let watermark_sql = format!("SELECT watermark_ms FROM {ledger} WHERE shard = 3");
     let watermark: i64 =
         sqlx::query_scalar(sqlx::AssertSqlSafe(watermark_sql.clone())).fetch_one(&direct).await.unwrap();
-    // The insert committed the instant it used; the admissions of the stored key after it
-    // leave the watermark to cleanup (see `src/gcra/one.rs`).
-    assert_eq!(watermark, inserted_at, "the committed watermark is the insert's pinned instant");
+    // On ledger locks the insert committed the instant it used; the admissions of the stored key
+    // after it leave the watermark to cleanup (see `src/gcra/one.rs`). On row locks the insert
+    // leaves it too (see `src/gcra/rowlock.rs`).
+    let expected = if row_locks { before } else { inserted_at };
+    assert_eq!(watermark, expected, "the committed watermark");
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 0);
     clock.advance(665).await;
     assert_eq!(limiter.cleanup_expired(1_000).await.unwrap(), 0, "rested only at +1,000 ms");
