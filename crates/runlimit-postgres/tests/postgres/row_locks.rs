@@ -540,3 +540,123 @@ async fn a_least_privileged_role_admits_before_and_after_the_switch() {
     let mut admin = sqlx::postgres::PgConnection::connect(&admin_url()).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE {role}"))).execute(&mut admin).await.unwrap();
 }
+
+/// A one-check of a new key whose insert finds the shard's watermark moved past its clock sample
+/// (a stranger holding the shard's ledger row stands for a batch or cleanup that advances it) is
+/// refused once, then decided under locks, with the clock sampled after them: it is allowed, and
+/// its arrival time starts at or after the watermark it waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn a_refused_insert_is_decided_again_under_locks() {
+    let db = TestDatabase::create("row_locks_refused_insert").await;
+    let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
+    let limiter = gcra_limiter_on(db.pool(2).await, true).await.with_config(patient);
+    let policy = gcra("row_locks.refused", 1, 60_000, 5);
+    let key = check(&policy, subject(40, 1));
+    let mut admin = db.connection().await;
+    let mut stranger = db.connection().await;
+    let stranger_pid: i32 =
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut stranger).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1 FROM public.runlimit_gcra_ledger WHERE shard = 40 FOR UPDATE")
+        .execute(&mut stranger)
+        .await
+        .unwrap();
+    let admission = {
+        let limiter = limiter.clone();
+        let policy = policy.clone();
+        tokio::spawn(async move { limiter.check(&check(&policy, subject(40, 1))).await })
+    };
+    // The admission sampled its clock and waits to insert; the stranger moves the watermark a
+    // second past the clock and commits.
+    waiting_backend(&mut admin, &db.name, stranger_pid).await;
+    let watermark: i64 = sqlx::query_scalar(
+        "UPDATE public.runlimit_gcra_ledger \
+         SET watermark_ms = floor(extract(epoch from clock_timestamp()) * 1000)::bigint + 1000 \
+         WHERE shard = 40 RETURNING watermark_ms",
+    )
+    .fetch_one(&mut stranger)
+    .await
+    .unwrap();
+    sqlx::raw_sql("COMMIT").execute(&mut stranger).await.unwrap();
+    let decision = admission.await.unwrap().expect("decided under locks, not failed");
+    assert!(decision.permits_request(), "{decision:?}");
+    let (tat_ms, _) = stored(&mut admin, &key).await.unwrap();
+    assert_eq!(tat_ms, watermark + 60_000, "decided at the watermark, one interval on");
+    drop((admin, stranger));
+    db.finish().await;
+}
+
+/// Four seconds of every operation at once on shared shards from four replicas: one-checks and
+/// batches of a hot key, one-checks of new keys, resets and cleanup of a second shard. Nothing
+/// fails, the hot key stays within its burst plus what replenished, and every shard's ledger
+/// count equals its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs RUNLIMIT_POSTGRES_TEST_DATABASE_URL"]
+async fn every_operation_at_once_fails_nothing_and_stays_in_bounds() {
+    const BURST: u64 = 3;
+    const INTERVAL_MS: u64 = 50;
+    let db = TestDatabase::create("row_locks_mixed").await;
+    let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
+    let mut replicas = vec![gcra_limiter_on(db.pool(4).await, true).await.with_config(patient)];
+    for _ in 0..3 {
+        replicas.push(PostgresGcraLimiter::new(db.pool(4).await).with_config(patient));
+    }
+    let policy = Arc::new(gcra("row_locks.mixed", 1, INTERVAL_MS, BURST));
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for (index, replica) in replicas.iter().enumerate() {
+        for worker in 0..4u64 {
+            let (replica, policy) = (replica.clone(), Arc::clone(&policy));
+            tasks.push(tokio::spawn(async move {
+                let (mut hot, mut operation) = (0u64, 0u64);
+                let mine = u64::try_from(index).unwrap() * 4 + worker;
+                while started.elapsed() < Duration::from_secs(4) {
+                    operation += 1;
+                    let hot_key = check(&policy, subject(10, 1));
+                    let shared = subject(11, operation % 3);
+                    match (mine + operation) % 7 {
+                        0 => {
+                            let batch = [check(&policy, shared), hot_key];
+                            let decision = replica.check_all(&batch).await.expect("batch");
+                            hot += u64::from(matches!(decision.view(), BatchDecisionView::Allowed { .. }));
+                        }
+                        1 => {
+                            replica.reset(shared.bind(&policy)).await.expect("reset");
+                        }
+                        2 => {
+                            replica.cleanup_expired(50).await.expect("cleanup");
+                        }
+                        3 => {
+                            replica.check(&check(&policy, subject(11, 1_000 + mine))).await.expect("new key");
+                        }
+                        _ => {
+                            hot += u64::from(replica.check(&hot_key).await.expect("check").permits_request())
+                        }
+                    }
+                }
+                hot
+            }));
+        }
+    }
+    let mut hot = 0;
+    for task in tasks {
+        hot += task.await.unwrap();
+    }
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap();
+    assert!(hot <= BURST + elapsed_ms / INTERVAL_MS + 1, "{hot} admitted in {elapsed_ms} ms");
+    let mut admin = db.connection().await;
+    let mismatched: Vec<(i16, i32, i64)> = sqlx::query_as(
+        "SELECT l.shard, l.row_count, (SELECT count(*) FROM public.runlimit_gcra AS g WHERE g.capacity_shard = l.shard) \
+         FROM public.runlimit_gcra_ledger AS l \
+         WHERE l.row_count <> (SELECT count(*) FROM public.runlimit_gcra AS g WHERE g.capacity_shard = l.shard)",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(mismatched.is_empty(), "{mismatched:?}");
+    drop(admin);
+    for replica in &replicas {
+        replica.pool().close().await;
+    }
+    db.finish().await;
+}
