@@ -44,6 +44,27 @@ async fn stored(connection: &mut PgConnection, check: &Check<'_, GcraPolicy>) ->
         .unwrap()
 }
 
+/// Four replicas with `config`, each with a pool of `connections`, on a fresh database the first
+/// one's `migrate` switched to row locks.
+async fn replicas(
+    db: &TestDatabase,
+    connections: u32,
+    config: runlimit_postgres::PostgresConfig,
+) -> Vec<PostgresGcraLimiter> {
+    let mut replicas = vec![gcra_limiter_on(db.pool(connections).await, true).await.with_config(config)];
+    for _ in 0..3 {
+        replicas.push(PostgresGcraLimiter::new(db.pool(connections).await).with_config(config));
+    }
+    replicas
+}
+
+/// Closes every replica's pool.
+async fn close(replicas: &[PostgresGcraLimiter]) {
+    for replica in replicas {
+        replica.pool().close().await;
+    }
+}
+
 async fn db_now(connection: &mut PgConnection) -> i64 {
     sqlx::query_scalar("SELECT floor(extract(epoch from clock_timestamp()) * 1000)::bigint")
         .fetch_one(connection)
@@ -212,12 +233,8 @@ async fn a_hammered_key_admits_exactly_its_burst() {
     const BURST: u64 = 40;
     const INTERVAL_MS: i64 = 90_000; // one unit per 90 s: nothing replenishes during the test
     let db = TestDatabase::create("row_locks_hammer").await;
-    let first = gcra_limiter_on(db.pool(4).await, true).await;
     let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
-    let mut replicas = vec![first.with_config(patient)];
-    for _ in 0..3 {
-        replicas.push(PostgresGcraLimiter::new(db.pool(4).await).with_config(patient));
-    }
+    let replicas = replicas(&db, 4, patient).await;
     let policy = Arc::new(gcra("row_locks.hammer", 1, 90_000, BURST));
     let mut admin = db.connection().await;
     let start = db_now(&mut admin).await;
@@ -261,9 +278,7 @@ async fn a_hammered_key_admits_exactly_its_burst() {
     assert_eq!((cold_tat.0 - start).div_euclid(INTERVAL_MS), i64::try_from(cold).unwrap());
     assert_eq!(ledger(&mut admin, "public.runlimit_gcra_ledger").await.1, 2);
     drop(admin);
-    for replica in &replicas {
-        replica.pool().close().await;
-    }
+    close(&replicas).await;
     db.finish().await;
 }
 
@@ -278,11 +293,7 @@ async fn new_keys_fill_a_shard_exactly() {
         .unwrap()
         .with_operation_timeout(Duration::from_secs(10))
         .unwrap();
-    let first = gcra_limiter_on(db.pool(5).await, true).await.with_config(bounded);
-    let mut replicas = vec![first];
-    for _ in 0..3 {
-        replicas.push(PostgresGcraLimiter::new(db.pool(5).await).with_config(bounded));
-    }
+    let replicas = replicas(&db, 5, bounded).await;
     let policy = Arc::new(gcra("row_locks.capacity", 1, 60_000, 1));
     let mut tasks = Vec::new();
     for n in 0..20u64 {
@@ -314,9 +325,7 @@ async fn new_keys_fill_a_shard_exactly() {
             .unwrap();
     assert_eq!((rows, counted), (5, 5));
     drop(admin);
-    for replica in &replicas {
-        replica.pool().close().await;
-    }
+    close(&replicas).await;
     db.finish().await;
 }
 
@@ -455,11 +464,7 @@ async fn new_keys_of_one_shard_at_once_are_all_admitted() {
         .unwrap()
         .with_operation_timeout(Duration::from_secs(10))
         .unwrap();
-    let first = gcra_limiter_on(db.pool(4).await, true).await.with_config(roomy);
-    let mut replicas = vec![first];
-    for _ in 0..3 {
-        replicas.push(PostgresGcraLimiter::new(db.pool(4).await).with_config(roomy));
-    }
+    let replicas = replicas(&db, 4, roomy).await;
     let policy = Arc::new(gcra("row_locks.new_keys", 1, 60_000, 100));
     let mut tasks = Vec::new();
     for worker in 0..16u64 {
@@ -494,9 +499,7 @@ async fn new_keys_of_one_shard_at_once_are_all_admitted() {
             .unwrap();
     assert_eq!((rows, i64::from(counted)), (400, 400));
     drop(admin);
-    for replica in &replicas {
-        replica.pool().close().await;
-    }
+    close(&replicas).await;
     db.finish().await;
 }
 
@@ -597,10 +600,7 @@ async fn every_operation_at_once_fails_nothing_and_stays_in_bounds() {
     const INTERVAL_MS: u64 = 50;
     let db = TestDatabase::create("row_locks_mixed").await;
     let patient = config().with_operation_timeout(Duration::from_secs(10)).unwrap();
-    let mut replicas = vec![gcra_limiter_on(db.pool(4).await, true).await.with_config(patient)];
-    for _ in 0..3 {
-        replicas.push(PostgresGcraLimiter::new(db.pool(4).await).with_config(patient));
-    }
+    let replicas = replicas(&db, 4, patient).await;
     let policy = Arc::new(gcra("row_locks.mixed", 1, INTERVAL_MS, BURST));
     let started = std::time::Instant::now();
     let mut tasks = Vec::new();
@@ -655,8 +655,6 @@ async fn every_operation_at_once_fails_nothing_and_stays_in_bounds() {
     .unwrap();
     assert!(mismatched.is_empty(), "{mismatched:?}");
     drop(admin);
-    for replica in &replicas {
-        replica.pool().close().await;
-    }
+    close(&replicas).await;
     db.finish().await;
 }
