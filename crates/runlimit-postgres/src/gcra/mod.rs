@@ -416,27 +416,50 @@ impl Admission<'_> {
         // one-check admission did not change one meanwhile; when one did, the write is refused
         // before `COMMIT`, the transaction rolled back and the batch decided again, this time
         // locking the rows as it reads them, so it cannot be refused again.
-        let attempts = if ledger == Ledger::RowLocks && !locking_only { 2 } else { 1 };
-        for attempt in 1..=attempts {
-            let set = calls::admission(ledger, attempt == attempts && ledger == Ledger::RowLocks);
-            let (plan, now_ms, stored) = match evaluate_calls(set, connection, deadline, config, self).await {
-                Ok(evaluated) => evaluated,
-                Err(error) => return (Err(error), false),
-            };
-            let ending = plan.ending(|writes| (calls::write(set, keys, writes, &stored, shards, now_ms), 1));
+        if ledger == Ledger::RowLocks && !locking_only {
             let (result, clean) =
-                transaction::end(connection, deadline, config.operation_timeout(), ending).await;
-            if attempt < attempts && rowlock::is_refused_write(&result) {
-                if script::run(connection, script::ROLLBACK.to_owned(), deadline).await.is_ok() {
-                    continue;
-                }
+                self.decide_and_end(calls::admission(ledger, false), connection, deadline, config).await;
+            if !rowlock::is_refused(&result) {
+                return (result, clean);
+            }
+            if script::run(connection, script::ROLLBACK.to_owned(), deadline).await.is_err() {
                 return (result, false);
             }
-            return (result, clean);
         }
-        let reason = "the batch was decided on rows that changed in every attempt";
-        (Err(CheckError::MalformedResponse { phase: CheckPhase::Update, reason }), false)
+        let set = calls::admission(ledger, ledger == Ledger::RowLocks);
+        self.decide_and_end(set, connection, deadline, config).await
     }
+
+    /// One transaction through the statements of `set`: the decision, then its ending. Returns
+    /// the result and whether the connection is clean.
+    async fn decide_and_end(
+        &self,
+        set: &'static calls::Admission,
+        connection: &mut PgConnection,
+        deadline: Deadline,
+        config: &PostgresConfig,
+    ) -> (Result<Evaluated, CheckError>, bool) {
+        let (plan, now_ms, stored) = match evaluate_calls(set, connection, deadline, config, self).await {
+            Ok(evaluated) => evaluated,
+            Err(error) => return (Err(error), false),
+        };
+        let ending =
+            plan.ending(|writes| (calls::write(set, self.keys, writes, &stored, self.shards, now_ms), 1));
+        transaction::end(connection, deadline, config.operation_timeout(), ending).await
+    }
+}
+
+/// Whether `config` stands for a replica that knows the row-lock protocol (the hidden
+/// earlier-release modes stand for replicas that know only the ledger-lock one, and never learn
+/// the switch).
+fn learns(config: &PostgresConfig) -> bool {
+    config.protocol() == Protocol::Prepared
+}
+
+/// The ledger a replica of `config` starts an operation on: the row-lock one once it learned the
+/// switch.
+fn known_ledger(learned: &Learned, config: &PostgresConfig) -> Ledger {
+    if learns(config) && learned.row_locks() { Ledger::RowLocks } else { Ledger::Shards }
 }
 
 /// The GCRA protocols (see [`PostgresGcraLimiter`](crate::PostgresGcraLimiter)).
@@ -481,16 +504,13 @@ impl Algorithm for GcraPolicy {
         shards.sort_unstable();
         shards.dedup();
         let admission = Admission { keys: &keys, specs: &specs, shards: &shards, mode };
-        // The hidden earlier-release modes never switch: they stand for replicas that know only
-        // the ledger-lock protocol.
-        if config.protocol() != Protocol::Prepared {
-            return admission.run(Ledger::Shards, connection, deadline, config).await;
-        }
-        if learned.row_locks() {
-            return admission.run(Ledger::RowLocks, connection, deadline, config).await;
-        }
-        let (result, clean) = admission.run(Ledger::Shards, connection, deadline, config).await;
-        if is_ledger_gone(&result) && learn_switch(connection, deadline, learned).await {
+        let ledger = known_ledger(learned, config);
+        let (result, clean) = admission.run(ledger, connection, deadline, config).await;
+        if ledger == Ledger::Shards
+            && learns(config)
+            && is_ledger_gone(&result)
+            && learn_switch(connection, deadline, learned).await
+        {
             return admission.run(Ledger::RowLocks, connection, deadline, config).await;
         }
         (result, clean)
@@ -508,12 +528,11 @@ impl Algorithm for GcraPolicy {
         policy: &Self,
         key: &[u8; 64],
     ) -> (Result<QuotaSnapshot, CheckError>, bool) {
-        if learned.row_locks() && config.protocol() == Protocol::Prepared {
-            return peek_on(Ledger::RowLocks, connection, deadline, config, policy, key).await;
-        }
-        let (result, clean) = peek_on(Ledger::Shards, connection, deadline, config, policy, key).await;
-        if is_ledger_gone(&result)
-            && config.protocol() == Protocol::Prepared
+        let ledger = known_ledger(learned, config);
+        let (result, clean) = peek_on(ledger, connection, deadline, config, policy, key).await;
+        if ledger == Ledger::Shards
+            && learns(config)
+            && is_ledger_gone(&result)
             && learn_switch(connection, deadline, learned).await
         {
             return peek_on(Ledger::RowLocks, connection, deadline, config, policy, key).await;
@@ -532,13 +551,12 @@ impl Algorithm for GcraPolicy {
         config: &PostgresConfig,
         key: &[u8; 64],
     ) -> Result<Option<u64>, MaintenanceError> {
-        let learns = config.protocol() == Protocol::Prepared;
-        if learned.row_locks() && learns {
-            return reset_on(Ledger::RowLocks, connection, deadline, config, key).await;
-        }
-        match reset_on(Ledger::Shards, connection, deadline, config, key).await {
+        let ledger = known_ledger(learned, config);
+        match reset_on(ledger, connection, deadline, config, key).await {
             Err(MaintenanceError::MalformedResponse { reason: LEDGER_GONE, .. })
-                if learns && learn_switch(connection, deadline, learned).await =>
+                if ledger == Ledger::Shards
+                    && learns(config)
+                    && learn_switch(connection, deadline, learned).await =>
             {
                 reset_on(Ledger::RowLocks, connection, deadline, config, key).await
             }
@@ -564,11 +582,10 @@ impl Algorithm for GcraPolicy {
         config: &PostgresConfig,
         maximum_rows: u32,
     ) -> Result<u64, MaintenanceError> {
-        let learns = config.protocol() == Protocol::Prepared;
-        let ledger = if learned.row_locks() && learns { Ledger::RowLocks } else { Ledger::Shards };
-        match cleanup_on(ledger, learns.then_some(learned), pool, config, maximum_rows).await {
+        let ledger = known_ledger(learned, config);
+        match cleanup_on(ledger, learns(config).then_some(learned), pool, config, maximum_rows).await {
             Err(MaintenanceError::MalformedResponse { reason: LEDGER_GONE, .. })
-                if learns && learned.row_locks() =>
+                if ledger == Ledger::Shards && learned.row_locks() =>
             {
                 cleanup_on(Ledger::RowLocks, None, pool, config, maximum_rows).await
             }
@@ -601,19 +618,16 @@ async fn peek_on(
     let parameters = GcraParameters::of(policy);
     let parsed = (|| {
         let row = output.only_row(read).ok_or_else(|| bad("expected one peek row"))?;
-        let tat_ms: Option<i64> = column(row, "tat_ms", phase)?;
-        let tat_remainder: Option<i64> = column(row, "tat_remainder", phase)?;
+        let stored = stored_pair(row, "tat_ms", "tat_remainder", phase)?;
         let watermark_ms: Option<i64> = column(row, "watermark_ms", phase)?;
         let clock_ms: i64 = column(row, "now_ms", phase)?;
         let watermark_ms = watermark_ms.ok_or_else(|| bad(LEDGER_GONE))?;
         let now_ms = effective_now(clock_ms, [watermark_ms]).map_err(&bad)?;
-        let tat = match (tat_ms, tat_remainder) {
-            (Some(tat_ms), Some(tat_remainder)) => Some(
-                stored_tat(StoredTat { tat_ms, tat_remainder }, parameters)
-                    .ok_or_else(|| bad("stored arrival time out of range"))?,
-            ),
-            (None, None) => None,
-            _ => return Err(bad("an arrival time without its remainder")),
+        let tat = match stored {
+            Some(stored) => {
+                Some(stored_tat(stored, parameters).ok_or_else(|| bad("stored arrival time out of range"))?)
+            }
+            None => None,
         };
         gcra::peek(parameters, tat, now_ms).map_err(|_| bad("stored arrival time out of range"))
     })();

@@ -94,17 +94,7 @@ fn parse_answer(output: &script::ScriptOutput, statement: usize) -> Result<Answe
         stored: stored_pair(row, "tat_ms", "tat_remainder", phase)?,
         written: stored_pair(row, "next_tat_ms", "next_tat_remainder", phase)?,
     };
-    if answer.written.is_some() && answer.stored.is_none() {
-        return Err(bad("an arrival time written for a key without a row"));
-    }
     Ok(answer)
-}
-
-/// What the admission came to.
-enum Step {
-    Done((Result<Evaluated, CheckError>, bool)),
-    /// Decide under locks: the connection is clean (its transaction was rolled back).
-    Again,
 }
 
 /// The allowance of a check the statement admitted by writing `written` at `now_ms`, if the
@@ -145,7 +135,7 @@ fn verified_allowance(
 /// Whether `error` is a write statement's own refusal of a row-lock protocol's write, before
 /// `COMMIT`: the insert of a new key (see [`ROW_LOCK_INSERT_ONE`](calls::ROW_LOCK_INSERT_ONE))
 /// or an optimistic batch write (see [`ROW_LOCK_WRITE`](calls::ROW_LOCK_WRITE)).
-fn is_refused_insert(error: &CheckError) -> bool {
+fn is_refusal(error: &CheckError) -> bool {
     match error {
         CheckError::Database { source, .. } => {
             sqlstate(source).as_deref() == Some("22P02")
@@ -159,9 +149,9 @@ fn is_refused_insert(error: &CheckError) -> bool {
     }
 }
 
-/// Whether `result` failed on a row-lock write's own refusal (see [`is_refused_insert`]).
-pub(crate) fn is_refused_write<T>(result: &Result<T, CheckError>) -> bool {
-    result.as_ref().err().is_some_and(is_refused_insert)
+/// Whether `result` failed on a row-lock write's own refusal (see [`is_refusal`]).
+pub(crate) fn is_refused<T>(result: &Result<T, CheckError>) -> bool {
+    result.as_ref().err().is_some_and(is_refusal)
 }
 
 /// Admits one check through the row-lock statements (see the [module docs](self)): the result
@@ -176,21 +166,6 @@ pub(crate) async fn admit(
     increment: Increment,
     mode: QuotaMode,
 ) -> Option<(Result<Evaluated, CheckError>, bool)> {
-    match attempt(connection, deadline, config, key, spec, increment, mode).await {
-        Step::Done(done) => Some(done),
-        Step::Again => None,
-    }
-}
-
-async fn attempt(
-    connection: &mut PgConnection,
-    deadline: Deadline,
-    config: &PostgresConfig,
-    key: &[u8; 64],
-    spec: GcraSpec,
-    increment: Increment,
-    mode: QuotaMode,
-) -> Step {
     let timeout = config.operation_timeout();
     let shard = i16::from(spec.shard);
     let [begin, settings] = calls::begin_and_settings(config.server_timeout_millis());
@@ -203,16 +178,16 @@ async fn attempt(
     let later = [&calls::READ_ONE, &calls::ROW_LOCK_INSERT_ONE];
     let output = match prepared::run_phases(connection, &statements, deadline, &later, timeout).await {
         Ok(output) => output,
-        Err(error) => return Step::Done((Err(error), false)),
+        Err(error) => return Some((Err(error), false)),
     };
     let bad = malformed(CheckPhase::Preflight);
     let answer = match parse_answer(&output, 2) {
         Ok(answer) => answer,
-        Err(error) => return Step::Done((Err(error), false)),
+        Err(error) => return Some((Err(error), false)),
     };
     let now_ms = match (u64::try_from(answer.clock_ms), u64::try_from(answer.now_ms)) {
         (Ok(clock), Ok(now)) if now >= clock => now,
-        _ => return Step::Done((Err(bad("negative or unclamped database time")), false)),
+        _ => return Some((Err(bad("negative or unclamped database time")), false)),
     };
     let ledger_row = LedgerRow { row_count: answer.row_count, watermark_ms: answer.now_ms };
     let mut ledger = [None; 256];
@@ -223,16 +198,16 @@ async fn attempt(
                 Ok(allowance) => allowance,
                 // The transaction holds the update: the connection is not reused, so the server
                 // rolls it back.
-                Err(reason) => return Step::Done((Err(bad(reason)), false)),
+                Err(reason) => return Some((Err(bad(reason)), false)),
             };
             let ending = Ending::Commit {
                 value: Evaluated::Allowed(vec![allowance]),
                 writes: String::new(),
                 statements: 0,
             };
-            Step::Done(transaction::end(connection, deadline, timeout, ending).await)
+            Some(transaction::end(connection, deadline, timeout, ending).await)
         }
-        (None, Some(_)) => Step::Done((Err(bad("an arrival time written for a key without a row")), false)),
+        (None, Some(_)) => Some((Err(bad("an arrival time written for a key without a row")), false)),
         (Some(_), None) => {
             // Not updated: read the row's latest committed time, and end the transaction.
             let (read_sql, _) = calls::read(calls::admission(calls::Ledger::Shards, false), &[*key]);
@@ -241,7 +216,7 @@ async fn attempt(
                 Ok(output) => output,
                 Err(error) => {
                     let phases = [CheckPhase::Preflight, CheckPhase::Preflight];
-                    return Step::Done((Err(check_failure(error, &phases, timeout)), false));
+                    return Some((Err(check_failure(error, &phases, timeout)), false));
                 }
             };
             let phase = CheckPhase::Preflight;
@@ -251,21 +226,21 @@ async fn attempt(
                 .and_then(|row| stored_pair(row, "tat_ms", "tat_remainder", phase));
             let fresh = match fresh {
                 Ok(fresh) => fresh,
-                Err(error) => return Step::Done((Err(error), true)),
+                Err(error) => return Some((Err(error), true)),
             };
             match decide(&[spec], &[fresh], now_ms, &ledger, config.maximum_rows_per_shard(), mode) {
-                Ok(Plan::Rollback(denial)) => Step::Done((Ok(Evaluated::Denied(denial)), true)),
+                Ok(Plan::Rollback(denial)) => Some((Ok(Evaluated::Denied(denial)), true)),
                 // The row was deleted (or deleted and inserted again) since the update passed it
                 // over: decide under locks.
-                Ok(Plan::Commit { .. }) => Step::Again,
-                Err(reason) => Step::Done((Err(bad(reason)), true)),
+                Ok(Plan::Commit { .. }) => None,
+                Err(reason) => Some((Err(bad(reason)), true)),
             }
         }
         (None, None) => {
             let plan = match decide(&[spec], &[None], now_ms, &ledger, config.maximum_rows_per_shard(), mode)
             {
                 Ok(plan) => plan,
-                Err(reason) => return Step::Done((Err(bad(reason)), false)),
+                Err(reason) => return Some((Err(bad(reason)), false)),
             };
             let maximum_rows = config.maximum_rows_per_shard();
             let ending = plan.ending(|writes: &[GcraWrite]| match writes {
@@ -274,15 +249,15 @@ async fn attempt(
             });
             let (result, clean) = transaction::end(connection, deadline, timeout, ending).await;
             match result {
-                Err(error) if is_refused_insert(&error) => {
+                Err(error) if is_refusal(&error) => {
                     // The insert was refused before `COMMIT` ran: end the aborted transaction and
                     // decide under locks, on what is stored now.
                     match script::run(connection, script::ROLLBACK.to_owned(), deadline).await {
-                        Ok(_) => Step::Again,
-                        Err(_) => Step::Done((Err(error), false)),
+                        Ok(_) => None,
+                        Err(_) => Some((Err(error), false)),
                     }
                 }
-                result => Step::Done((result, clean)),
+                result => Some((result, clean)),
             }
         }
     }
