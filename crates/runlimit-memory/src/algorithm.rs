@@ -7,7 +7,7 @@ use runlimit_core::{
     FixedWindowPolicy, GcraPolicy, QuotaSnapshot, RateLimitPolicy,
     backend::{
         fixed_window::{self, FixedWindowOutcome, FixedWindowParameters, Window},
-        gcra::{self, GcraError, GcraOutcome, GcraParameters, TheoreticalArrivalTime},
+        gcra::{self, GcraError, GcraOutcome, GcraParameters, RoundedArrivalTime, TheoreticalArrivalTime},
     },
 };
 
@@ -130,26 +130,23 @@ pub(crate) mod sealed {
         const NAMES: (&'static str, &'static str) = ("GcraStore", "GcraStoreBuilder");
         type Error = GcraError;
 
-        #[inline]
+        /// An allowed check on a realistic clock takes the core's 64-bit shortcut, inlined;
+        /// everything else (denials, errors, extreme values) the general evaluator, out of
+        /// line. An entry is a [`RoundedArrivalTime`]: `expires_at` is its
+        /// `expires_at_millis`, `value` its `deficit`.
+        #[inline(always)]
         fn evaluate(&self, live: Option<Entry>, now: u64, cost: u64) -> Result<Verdict, GcraError> {
             let parameters = GcraParameters::of(self);
-            let quota = u128::from(parameters.quota().get());
-            let tat = stored_tat(live, quota)?;
-            let outcome = gcra::evaluate(parameters, tat, now, cost)?;
-            match outcome {
-                GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
-                    let expires_at =
-                        now.checked_add(replenish_after_millis).ok_or(GcraError::StateOutOfRange)?;
-                    let deficit = (u128::from(expires_at) * quota)
-                        .checked_sub(tat.scaled())
-                        .and_then(|deficit| u64::try_from(deficit).ok())
-                        .ok_or(GcraError::StateOutOfRange)?;
-                    let allowance = outcome.allowance(parameters).ok_or(GcraError::StateOutOfRange)?;
-                    Ok(Verdict::Allowed { allowance, next: Entry { expires_at, value: deficit } })
-                }
-                GcraOutcome::Denied { .. } => {
-                    outcome.quota_denial(parameters).map(Verdict::Exhausted).ok_or(GcraError::StateOutOfRange)
-                }
+            let stored = live.map(|entry| RoundedArrivalTime {
+                expires_at_millis: entry.expires_at,
+                deficit: entry.value,
+            });
+            match gcra::evaluate_allowed_rounded(parameters, stored, now, cost) {
+                Some((allowance, next)) => Ok(Verdict::Allowed {
+                    allowance,
+                    next: Entry { expires_at: next.expires_at_millis, value: next.deficit },
+                }),
+                None => evaluate_general(parameters, live, now, cost),
             }
         }
 
@@ -185,5 +182,34 @@ fn stored_tat(live: Option<Entry>, quota: u128) -> Result<Option<TheoreticalArri
             .map(|scaled| Some(TheoreticalArrivalTime::from_scaled(scaled)))
             .ok_or(GcraError::StateOutOfRange),
         None => Ok(None),
+    }
+}
+
+/// A GCRA check through the general evaluator: what
+/// [`gcra::evaluate_allowed_rounded`] leaves undecided. Out of line, so the shortcut stays
+/// small enough to inline into the store's check.
+#[inline(never)]
+fn evaluate_general(
+    parameters: &GcraParameters,
+    live: Option<Entry>,
+    now: u64,
+    cost: u64,
+) -> Result<Verdict, GcraError> {
+    let quota = u128::from(parameters.quota().get());
+    let tat = stored_tat(live, quota)?;
+    let outcome = gcra::evaluate(parameters, tat, now, cost)?;
+    match outcome {
+        GcraOutcome::Allowed { tat, replenish_after_millis, .. } => {
+            let expires_at = now.checked_add(replenish_after_millis).ok_or(GcraError::StateOutOfRange)?;
+            let deficit = (u128::from(expires_at) * quota)
+                .checked_sub(tat.scaled())
+                .and_then(|deficit| u64::try_from(deficit).ok())
+                .ok_or(GcraError::StateOutOfRange)?;
+            let allowance = outcome.allowance(parameters).ok_or(GcraError::StateOutOfRange)?;
+            Ok(Verdict::Allowed { allowance, next: Entry { expires_at, value: deficit } })
+        }
+        GcraOutcome::Denied { .. } => {
+            outcome.quota_denial(parameters).map(Verdict::Exhausted).ok_or(GcraError::StateOutOfRange)
+        }
     }
 }

@@ -42,7 +42,7 @@ use crate::key::StoredKey;
 
 /// A stored entry: the first whole millisecond (store clock) at which it is expired, and one
 /// algorithm-specific word (fixed window: checks used in the window; GCRA: the arrival-time
-/// deficit, see `gcra_store.rs`).
+/// deficit, see `algorithm.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) expires_at: u64,

@@ -84,7 +84,9 @@ use crate::{
 /// built (a [`GcraPolicy`] builds them with itself), so the 64-bit evaluation divides by
 /// multiplying: a 64-bit division costs tens of cycles, and a check divides twice. (The
 /// `strength_reduce` crate computes them: a multiplication by a precomputed 128-bit
-/// reciprocal, then shifts.) Equality, hashing and `Debug` see only Q, P and B.
+/// reciprocal, then shifts.) It also holds B·P and the clock below which
+/// [`evaluate_allowed_rounded`] may compute in 64 bits without checking each step. Equality,
+/// hashing and `Debug` see only Q, P and B.
 #[derive(Clone, Copy)]
 pub struct GcraParameters {
     quota: Capacity,
@@ -92,6 +94,11 @@ pub struct GcraParameters {
     burst: Capacity,
     quota_divisor: StrengthReducedU64,
     period_divisor: StrengthReducedU64,
+    /// B·P in scaled units when it fits 64 bits, else 0 (the shortcut is then off).
+    capacity_scaled: u64,
+    /// ⌊(2⁶⁴ − 1 − B·P) / Q⌋: clocks and stored expiries below it take the 64-bit shortcut of
+    /// [`evaluate_allowed_rounded`]; 0 when B·P does not fit 64 bits.
+    shortcut_limit_millis: u64,
 }
 
 impl PartialEq for GcraParameters {
@@ -134,7 +141,19 @@ impl GcraParameters {
         // Both are at least 1, validated by `Capacity` and `QuotaPeriod`: `new` cannot panic.
         let quota_divisor = StrengthReducedU64::new(quota.get());
         let period_divisor = StrengthReducedU64::new(period.as_millis());
-        Ok(Self { quota, period, burst, quota_divisor, period_divisor })
+        let (capacity_scaled, shortcut_limit_millis) = match u64::try_from(full) {
+            Ok(capacity_scaled) => (capacity_scaled, (u64::MAX - capacity_scaled) / quota.get()),
+            Err(_) => (0, 0),
+        };
+        Ok(Self {
+            quota,
+            period,
+            burst,
+            quota_divisor,
+            period_divisor,
+            capacity_scaled,
+            shortcut_limit_millis,
+        })
     }
 
     /// The parameters of `policy` (validated and derived when the policy was built), borrowed:
@@ -516,6 +535,72 @@ pub fn peek(
     QuotaSnapshot::new(burst, available, Some(next_unit), replenishes).map_err(|_| GcraError::StateOutOfRange)
 }
 
+/// A theoretical arrival time rounded up to whole milliseconds, with the scaled units the
+/// rounding added: `tat = expires_at_millis × Q − deficit`. The form a store keeps when it
+/// wants the expiry (⌈tat / Q⌉, see [`TheoreticalArrivalTime::expires_at_millis`]) at hand
+/// without dividing; [`evaluate_allowed_rounded`] reads and writes it. A state the evaluator
+/// produced has `deficit < Q`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RoundedArrivalTime {
+    /// ⌈tat / Q⌉: the first whole millisecond at which the state is equivalent to no state.
+    pub expires_at_millis: u64,
+    /// `expires_at_millis × Q − tat`, in scaled units (milliseconds × Q).
+    pub deficit: u64,
+}
+
+/// The common case of [`evaluate`], for a store that keeps [`RoundedArrivalTime`]s: a request
+/// that is allowed, on a state and clock for which every intermediate fits 64 bits. Returns
+/// the allowance (burst capacity, units remaining rounded down, milliseconds until fully
+/// rested rounded up) and the arrival time to store, exactly what [`evaluate`] answers for the
+/// same inputs (tested against it).
+///
+/// `None` when it does not decide: the request is denied, its cost is 0 or above the burst
+/// capacity, `stored` does not describe a time (`deficit` above `expires_at_millis × Q`), or
+/// the clock or the stored time is too large for the 64-bit shortcut (beyond about
+/// `(2⁶⁴ − B·P) / Q` milliseconds, never for realistic policies and clocks). The caller then
+/// calls [`evaluate`], which decides every case, errors included.
+///
+/// Why a second entry point: an allowed check is the hot path of an in-memory store, and
+/// [`evaluate`] computes more than it needs (the next unit's delay, 128-bit checks of the
+/// stored state) and rebuilds the arrival time through 128-bit products; this computes the
+/// two divisions an allowance needs and no others.
+#[inline(always)]
+#[must_use]
+pub fn evaluate_allowed_rounded(
+    parameters: &GcraParameters,
+    stored: Option<RoundedArrivalTime>,
+    now_millis: u64,
+    cost: u64,
+) -> Option<(Allowance, RoundedArrivalTime)> {
+    let quota = parameters.quota.get();
+    // Below the limit, `millis × Q + B·P` fits 64 bits (see `GcraParameters::new`).
+    let limit = parameters.shortcut_limit_millis;
+    if now_millis >= limit || cost == 0 || cost > parameters.burst.get() {
+        return None;
+    }
+    let now_s = now_millis * quota;
+    let base = match stored {
+        Some(stored) if stored.expires_at_millis < limit => {
+            (stored.expires_at_millis * quota).checked_sub(stored.deficit)?.max(now_s)
+        }
+        Some(_) => return None,
+        None => now_s,
+    };
+    // base ≤ 2⁶⁴ − 1 − B·P and cost·P ≤ B·P: no overflow.
+    let ahead = base - now_s + cost * parameters.period.as_millis();
+    let capacity = parameters.capacity_scaled;
+    if ahead > capacity {
+        return None;
+    }
+    let remaining = (capacity - ahead) / parameters.period_divisor;
+    let (whole, rest) = StrengthReducedU64::div_rem(ahead, parameters.quota_divisor);
+    let replenish = whole + u64::from(rest != 0);
+    // expires × Q − tat = (now + ⌈ahead / Q⌉) × Q − (now_s + ahead) = Q − rest, or 0.
+    let deficit = if rest == 0 { 0 } else { quota - rest };
+    let allowance = Allowance::exact(parameters.burst, remaining, Delay::from_millis(replenish));
+    Some((allowance, RoundedArrivalTime { expires_at_millis: now_millis + replenish, deficit }))
+}
+
 /// [`compute`] in `u128`, out of line: only policies or states beyond 64 bits get here.
 #[cold]
 #[inline(never)]
@@ -703,6 +788,98 @@ mod tests {
             }
             proptest::prop_assert_eq!(evaluate(&p, tat, now, cost).ok(), wide);
         }
+    }
+
+    /// The rounded form of an arrival time, `None` beyond `u64` milliseconds.
+    fn rounded(tat: TheoreticalArrivalTime, p: &GcraParameters) -> Option<RoundedArrivalTime> {
+        let quota = u128::from(p.quota.get());
+        let expires_at_millis = u64::try_from(tat.0.div_ceil(quota)).ok()?;
+        let deficit = u64::try_from(u128::from(expires_at_millis) * quota - tat.0).ok()?;
+        Some(RoundedArrivalTime { expires_at_millis, deficit })
+    }
+
+    proptest::proptest! {
+        /// Wherever the shortcut answers, it answers what `evaluate` does; and it answers
+        /// every allowed request of a realistic policy and clock.
+        #[test]
+        fn the_allowed_shortcut_agrees_with_evaluate(
+            quota in proptest::prop_oneof![1u64..=5_000, 1u64..=crate::MAX_LIMIT, proptest::strategy::Just(1u64 << 40)],
+            period in proptest::prop_oneof![1u64..=86_400_000, 1u64..=crate::MAX_WINDOW_MILLIS, proptest::strategy::Just(1u64 << 32)],
+            burst in proptest::prop_oneof![1u64..=5_000, 1u64..=crate::MAX_LIMIT, proptest::strategy::Just(1u64)],
+            now in proptest::prop_oneof![0u64..10_000_000_000_000, 0u64..=u64::MAX >> 20, proptest::strategy::Just(u64::MAX >> 12), proptest::strategy::Just(u64::MAX)],
+            ahead in proptest::option::of(proptest::prop_oneof![0u128..2_000_000_000_000, 0u128..=u128::from(u64::MAX)]),
+            cost in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..=3, 1u64..=u64::MAX],
+            corrupt_deficit in proptest::option::of(0u64..=u64::MAX),
+            aligned in proptest::option::of((0u128..3_000, 0u128..=2)),
+        ) {
+            let Ok(p) = GcraParameters::new(
+                Capacity::new(quota).unwrap(),
+                QuotaPeriod::new(Duration::from_millis(period)).unwrap(),
+                Capacity::new(burst).unwrap(),
+            ) else { return Ok(()) };
+            // Also states a whole number of emission intervals ahead, give or take one scaled
+            // unit: where each rounding changes its answer.
+            let ahead = match aligned {
+                Some((units, shift)) => ahead.map(|_| (units * u128::from(period) + shift).saturating_sub(1)),
+                None => ahead,
+            };
+            let mut tat = ahead.map(|ahead| TheoreticalArrivalTime(u128::from(now) * u128::from(quota) + ahead));
+            let mut stored = match tat {
+                Some(tat) => match rounded(tat, &p) {
+                    Some(stored) => Some(stored),
+                    None => return Ok(()),
+                },
+                None => None,
+            };
+            if let (Some(state), Some(deficit)) = (stored.as_mut(), corrupt_deficit) {
+                // A state no evaluator wrote: the shortcut and `evaluate` on the same time.
+                state.deficit = deficit;
+                tat = (u128::from(state.expires_at_millis) * u128::from(quota))
+                    .checked_sub(u128::from(deficit))
+                    .map(TheoreticalArrivalTime);
+                if tat.is_none() {
+                    proptest::prop_assert_eq!(evaluate_allowed_rounded(&p, stored, now, cost), None);
+                    return Ok(());
+                }
+            }
+            let shortcut = evaluate_allowed_rounded(&p, stored, now, cost);
+            let general = evaluate(&p, tat, now, cost);
+            match (shortcut, &general) {
+                (Some((allowance, next)), Ok(outcome @ GcraOutcome::Allowed { tat: written, .. })) => {
+                    proptest::prop_assert_eq!(Some(allowance), outcome.allowance(&p));
+                    proptest::prop_assert_eq!(Some(next), rounded(*written, &p));
+                }
+                (Some(answer), _) => proptest::prop_assert!(false, "shortcut {:?}, evaluate {:?}", answer, general),
+                (None, Ok(GcraOutcome::Allowed { .. })) => {
+                    // Only beyond the 64-bit range.
+                    let in_range = u128::from(burst) * u128::from(period) <= u128::from(u64::MAX)
+                        && now < p.shortcut_limit_millis
+                        && stored.is_none_or(|stored| stored.expires_at_millis < p.shortcut_limit_millis);
+                    proptest::prop_assert!(!in_range, "an allowed request in range was not decided");
+                }
+                (None, _) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn the_allowed_shortcut_on_reference_vector_v2() {
+        // Q = 3 per 1,000 ms, B = 2: the scaled emission interval is 1,000.
+        let p = params(3, 1_000, 2);
+        let (allowance, first) = evaluate_allowed_rounded(&p, None, 0, 1).unwrap();
+        // tat 1,000 scaled = 333⅓ ms: rounded up to 334 ms, 2 scaled units added.
+        assert_eq!((allowance.available(), allowance.replenishes_after()), (1, Delay::from_millis(334)));
+        assert_eq!(first, RoundedArrivalTime { expires_at_millis: 334, deficit: 2 });
+        let (allowance, second) = evaluate_allowed_rounded(&p, Some(first), 0, 1).unwrap();
+        assert_eq!((allowance.available(), allowance.replenishes_after()), (0, Delay::from_millis(667)));
+        assert_eq!(second, RoundedArrivalTime { expires_at_millis: 667, deficit: 1 });
+        // Denied at 333 ms (retry 1 ms later): the shortcut leaves it to `evaluate`.
+        assert_eq!(evaluate_allowed_rounded(&p, Some(second), 333, 1), None);
+        let (_, third) = evaluate_allowed_rounded(&p, Some(second), 334, 1).unwrap();
+        assert_eq!(third, RoundedArrivalTime { expires_at_millis: 1_000, deficit: 0 });
+        assert_eq!(evaluate_allowed_rounded(&p, None, 0, 0), None);
+        assert_eq!(evaluate_allowed_rounded(&p, None, 0, 3), None);
+        assert_eq!(evaluate_allowed_rounded(&p, None, u64::MAX, 1), None);
     }
 
     #[test]
