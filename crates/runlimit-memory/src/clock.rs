@@ -42,17 +42,35 @@ use std::{
 pub trait Clock: Send + Sync {
     /// Time elapsed since this clock's origin. Must not decrease between calls.
     fn now(&self) -> Duration;
+
+    /// [`now`](Self::now) in whole milliseconds, truncated, saturating at `u64::MAX`: the
+    /// reading a store uses. A clock overrides it only to compute the same value faster; it
+    /// must equal `now().as_millis()` (saturated) for the same instant.
+    #[inline]
+    fn now_millis(&self) -> u64 {
+        u64::try_from(self.now().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now(&self) -> Duration {
         (**self).now()
     }
+
+    #[inline]
+    fn now_millis(&self) -> u64 {
+        (**self).now_millis()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
     fn now(&self) -> Duration {
         (**self).now()
+    }
+
+    #[inline]
+    fn now_millis(&self) -> u64 {
+        (**self).now_millis()
     }
 }
 
@@ -70,7 +88,8 @@ impl<C: Clock + ?Sized> Clock for &C {
 #[derive(Clone, Debug)]
 pub struct SystemClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    /// The raw counter reading at the origin ([`quanta::Clock::raw`]).
+    origin: u64,
 }
 
 impl SystemClock {
@@ -79,7 +98,7 @@ impl SystemClock {
     #[must_use]
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         Self { clock, origin }
     }
 }
@@ -90,10 +109,26 @@ impl Default for SystemClock {
     }
 }
 
+impl SystemClock {
+    /// Nanoseconds since the origin: the raw counter's difference, scaled once (zero if the
+    /// counter reads earlier than the origin).
+    #[inline]
+    fn nanos(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+}
+
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Duration {
-        self.clock.now().saturating_duration_since(self.origin)
+        Duration::from_nanos(self.nanos())
+    }
+
+    /// The same reading as [`now`](Clock::now) in whole milliseconds, without building a
+    /// `Duration`: one division by a constant.
+    #[inline]
+    fn now_millis(&self) -> u64 {
+        self.nanos() / 1_000_000
     }
 }
 
@@ -160,6 +195,47 @@ impl Clock for ManualClock {
 }
 
 /// A clock reading in whole milliseconds, truncated, saturating at `u64::MAX`.
+#[inline]
 pub(crate) fn millis<C: Clock + ?Sized>(clock: &C) -> u64 {
-    u64::try_from(clock.now().as_millis()).unwrap_or(u64::MAX)
+    clock.now_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_millisecond_reading_truncates_and_saturates() {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_nanos(1_999_999));
+        assert_eq!(clock.now_millis(), 1);
+        assert_eq!(millis(&Arc::new(clock.clone())), 1);
+        clock.set(Duration::from_millis(2));
+        assert_eq!(Clock::now_millis(&&clock), 2);
+        // u64::MAX nanoseconds is about 584 years: far below u64::MAX milliseconds.
+        clock.set(Duration::MAX);
+        assert_eq!(clock.now_millis(), u64::MAX / 1_000_000);
+        struct Far;
+        impl Clock for Far {
+            fn now(&self) -> Duration {
+                Duration::MAX
+            }
+        }
+        assert_eq!(Far.now_millis(), u64::MAX);
+    }
+
+    #[test]
+    fn the_system_clock_reads_the_same_time_in_both_units() {
+        let clock = SystemClock::new();
+        for _ in 0..1_000 {
+            let before = clock.now_millis();
+            let between = clock.now();
+            let after = clock.now_millis();
+            let between = u64::try_from(between.as_millis()).unwrap();
+            assert!(before <= between && between <= after, "{before} {between} {after}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(clock.now_millis() >= 5);
+        assert!(clock.now() >= Duration::from_millis(5));
+    }
 }

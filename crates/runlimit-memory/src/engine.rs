@@ -293,7 +293,13 @@ impl Engine {
                 }
             },
         };
-        Ok(Report { decision, headroom: shard.headroom(shard_index), singled_out: None, consumed, cleanup })
+        // Only observers read the headroom.
+        let headroom = if timed {
+            shard.headroom(shard_index)
+        } else {
+            ShardHeadroom { shard_index, entries: 0, capacity: 0 }
+        };
+        Ok(Report { decision, headroom, singled_out: None, consumed, cleanup })
     }
 
     /// The quota of `check`'s key at clock reading `clock_now` (clamped to the shard's
