@@ -616,6 +616,14 @@ fn print_table(title: &str, figures: &dyn Fn(Workload, &str) -> Option<f64>) {
     );
 }
 
+/// Whether the summary measures `group` (`single`, `threads`, `flood` or `memory`): every group
+/// unless `RUNLIMIT_BENCH_GROUPS` lists some, comma-separated (for quicker iterations, e.g.
+/// `RUNLIMIT_BENCH_GROUPS=single cargo bench -p runlimit-memory -- zzz_none`, which skips
+/// criterion's own runs too).
+fn selected(group: &str) -> bool {
+    std::env::var("RUNLIMIT_BENCH_GROUPS").map_or(true, |groups| groups.split(',').any(|g| g.trim() == group))
+}
+
 fn summary(directory: &std::path::Path) {
     println!();
     println!("runlimit-memory vs governor 0.10, {SHARDS} shards.");
@@ -625,19 +633,31 @@ fn summary(directory: &std::path::Path) {
         estimate(directory, group(workload)?, name)
     });
     let measured: Vec<(Workload, Vec<f64>)> = [
-        &[Workload::Single, Workload::Weighted, Workload::Batch, Workload::TwoChecks, Workload::BatchAcross]
-            [..],
-        &[Workload::TwoThreads],
-        &[Workload::Flood],
+        (
+            "single",
+            &[
+                Workload::Single,
+                Workload::Weighted,
+                Workload::Batch,
+                Workload::TwoChecks,
+                Workload::BatchAcross,
+            ][..],
+        ),
+        ("threads", &[Workload::TwoThreads]),
+        ("flood", &[Workload::Flood]),
     ]
     .into_iter()
-    .flat_map(interleaved)
+    .filter(|(name, _)| selected(name))
+    .flat_map(|(_, workloads)| interleaved(workloads))
     .collect();
     print_table("interleaved minimum of rounds (robust on a shared machine):", &|workload, name| {
         let (_, figures) = measured.iter().find(|(w, _)| *w == workload)?;
         let index = workload.limiters().iter().position(|&n| n == name)?;
         figures.get(index).copied()
     });
+    if !selected("memory") {
+        return;
+    }
     println!();
     println!(
         "resident memory with 1,000,000 live keys (fresh process each; target <= {BYTES_PER_KEY_TARGET:.0} bytes/key):"
