@@ -63,8 +63,8 @@ fn ops(maximum: usize) -> impl Strategy<Value = Vec<Op>> {
 
 /// A batch of up to `maximum` distinct keys in one quota mode, so that batches of every size
 /// reach evaluation (random picks mostly repeat a key or mix modes once batches grow). The
-/// store takes batches of up to four checks on at most two shards through a path of its own
-/// and every other batch through its general one; these sizes cover both.
+/// store takes batches of two checks, batches of up to four checks on at most two shards and
+/// every other batch through paths of their own; these sizes cover all three.
 fn distinct_batch(maximum: usize) -> impl Strategy<Value = Op> {
     let enforced: Vec<(usize, u64)> = (0..2).flat_map(|policy| (0..6).map(move |n| (policy, n))).collect();
     let shadowed: Vec<(usize, u64)> = (0..6).map(|n| (2, n)).collect();
