@@ -569,8 +569,10 @@ impl Engine {
     /// and nothing is stored. The caller has checked that two keys fit the shard.
     ///
     /// Measured (`RUNLIMIT_BENCH_GROUPS=single cargo bench -p runlimit-memory`, 64 shards,
-    /// 10,000 hot entries, four runs): a `MemoryStore` batch 46–49 ns against 58–59 ns on the
-    /// general small-batch path, a `GcraStore` batch 63 ns against 70 ns.
+    /// 10,000 hot entries, five runs): a `MemoryStore` batch 48–49 ns against 58–59 ns on the
+    /// general small-batch path, a `GcraStore` batch 56–58 ns against 70 ns. (Variants that
+    /// moved this dispatch into `check_all` or kept the verdicts in arrays of options measured
+    /// slower: 60 and 64 ns.)
     #[inline(always)]
     fn check_pair_on_one_shard<A: Algorithm>(
         &self,
@@ -669,8 +671,8 @@ impl Engine {
     /// straight-line code, like [`check_pair_on_one_shard`](Self::check_pair_on_one_shard),
     /// with the two shards locked in ascending index.
     ///
-    /// Measured as that one: a `MemoryStore` batch across two shards 55–57 ns against 64–66 ns
-    /// on the general small-batch path, a `GcraStore` batch 61–63 ns against 76–77 ns.
+    /// Measured as that one: a `MemoryStore` batch across two shards 57–60 ns against 64–66 ns
+    /// on the general small-batch path, a `GcraStore` batch 65 ns against 76–77 ns.
     #[inline(always)]
     fn check_pair_on_two_shards<A: Algorithm>(
         &self,
