@@ -32,6 +32,11 @@
 //! live keys. Memory is measured in a fresh child process per limiter (this binary re-run
 //! with `RUNLIMIT_BENCH_MEMORY_PROBE` set), as the growth of `VmRSS` in `/proc/self/status`
 //! across building the limiter and inserting the keys; keys are generated on the fly.
+//!
+//! `RUNLIMIT_BENCH_GROUPS` limits the summary to some of its groups, comma-separated:
+//! `single` (the single-threaded rows), `threads`, `flood`, `memory`. With a criterion filter
+//! that matches nothing, `RUNLIMIT_BENCH_GROUPS=single cargo bench -p runlimit-memory --
+//! zzz_none` measures the single-threaded rows alone in seconds.
 
 use std::{
     collections::BTreeSet,
