@@ -182,7 +182,7 @@ struct Padded(Mutex<Shard>);
 pub(crate) struct Report<D> {
     pub(crate) decision: D,
     /// Headroom of the touched shard (the one with the least headroom, for a batch); only
-    /// computed for batches when an observer will read it.
+    /// computed when an observer will read it.
     pub(crate) headroom: ShardHeadroom,
     /// The input index the outcome singles out (a denied check), for batches.
     pub(crate) singled_out: Option<usize>,
@@ -415,8 +415,8 @@ impl Engine {
         };
         // Two checks: straight-line paths of their own. Every shard holds at least
         // `base_capacity` keys: two keys of one shard fit when it is 2 or more, one key of
-        // each of two shards when it is 1 or more (otherwise the path below reports the
-        // shard the batch exceeds).
+        // each of two shards when it is 1 or more (otherwise the path below checks the
+        // shard's own capacity).
         if let ([one, two], [first_key, second_key]) = (checks.as_slice(), keys.as_slice()) {
             let (checks, keys) = ([one, two], [*first_key, *second_key]);
             match second {

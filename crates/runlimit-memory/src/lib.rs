@@ -166,6 +166,8 @@ mod store;
 #[cfg(test)]
 mod batch_paths;
 #[cfg(test)]
+mod pair_paths;
+#[cfg(test)]
 mod tests;
 
 /// The workspace README's Rust examples, compiled and run as doctests so the README stays true.

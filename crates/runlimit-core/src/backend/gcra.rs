@@ -556,9 +556,11 @@ pub struct RoundedArrivalTime {
 ///
 /// `None` when it does not decide: the request is denied, its cost is 0 or above the burst
 /// capacity, `stored` does not describe a time (`deficit` above `expires_at_millis × Q`), or
-/// the clock or the stored time is too large for the 64-bit shortcut (beyond about
-/// `(2⁶⁴ − B·P) / Q` milliseconds, never for realistic policies and clocks). The caller then
-/// calls [`evaluate`], which decides every case, errors included.
+/// the clock or the stored time is too large for the 64-bit shortcut: from
+/// `⌊(2⁶⁴ − 1 − B·P) / Q⌋` milliseconds on, counted on the store's clock (for a quota Q of
+/// 100 about 5.8 million years; of 10⁹, about 213 days; on a clock counting Unix-epoch
+/// milliseconds, at once for Q above about 10⁷). The caller then calls [`evaluate`], which
+/// decides every case, errors included, the same way but slower.
 ///
 /// Why a second entry point: an allowed check is the hot path of an in-memory store, and
 /// [`evaluate`] computes more than it needs (the next unit's delay, 128-bit checks of the
@@ -860,6 +862,112 @@ mod tests {
                 (None, _) => {}
             }
         }
+    }
+
+    fn try_params(q: u64, p_ms: u64, b: u64) -> Option<GcraParameters> {
+        GcraParameters::new(
+            Capacity::new(q).ok()?,
+            QuotaPeriod::new(Duration::from_millis(p_ms)).ok()?,
+            Capacity::new(b).ok()?,
+        )
+        .ok()
+    }
+
+    fn around(values: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &v in values {
+            for d in [-2i64, -1, 0, 1, 2] {
+                if let Some(x) = v.checked_add_signed(d) {
+                    out.push(x);
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// A deterministic sweep at the edges of the shortcut's 64-bit range: extreme Q, P and B;
+    /// clocks and stored expiries around its limit; deficits at and beyond Q and expires × Q;
+    /// costs 1 and B. Wherever the shortcut answers, `evaluate` answers the same.
+    #[test]
+    fn the_allowed_shortcut_agrees_with_evaluate_at_its_boundaries() {
+        let qs = [1, 2, 3, 7, 1_000, 1 << 11, 1 << 20, 1 << 32, 1 << 40, 1 << 62, MAX_LIMIT];
+        let ps = [1, 2, 3, 333, 1_000, 60_000, 1 << 32, MAX_WINDOW_MILLIS];
+        let bs = [1, 2, 3, 20, 1 << 11, 1 << 20, 1 << 32, 1 << 52, MAX_LIMIT];
+        let (mut decided, mut compared) = (0u64, 0u64);
+        for q in qs {
+            for p in ps {
+                for b in bs {
+                    let Some(par) = try_params(q, p, b) else { continue };
+                    let limit = par.shortcut_limit_millis;
+                    let nows = around(&[0, 1, 1_000, limit / 2, limit, u64::MAX]);
+                    let costs = around(&[1, b]);
+                    for &now in &nows {
+                        let mut expiries = around(&[0, now, limit]);
+                        let cap_ms = par.capacity_scaled / q;
+                        expiries.extend(around(&[now.saturating_add(cap_ms), now.saturating_add(1)]));
+                        expiries.push(u64::MAX);
+                        let mut stored_options: Vec<Option<RoundedArrivalTime>> = vec![None];
+                        for &e in &expiries {
+                            let full = u128::from(e) * u128::from(q);
+                            let mut deficits =
+                                around(&[0, q, u64::try_from(full).unwrap_or(u64::MAX), u64::MAX]);
+                            deficits.retain(|&d| u128::from(d) <= full + 2);
+                            for d in deficits {
+                                stored_options
+                                    .push(Some(RoundedArrivalTime { expires_at_millis: e, deficit: d }));
+                            }
+                        }
+                        for &stored in &stored_options {
+                            let tat = match stored {
+                                Some(s) => match (u128::from(s.expires_at_millis) * u128::from(q))
+                                    .checked_sub(u128::from(s.deficit))
+                                {
+                                    Some(t) => Some(TheoreticalArrivalTime(t)),
+                                    None => {
+                                        for &cost in &costs {
+                                            assert_eq!(
+                                                evaluate_allowed_rounded(&par, stored, now, cost),
+                                                None
+                                            );
+                                        }
+                                        continue;
+                                    }
+                                },
+                                None => None,
+                            };
+                            for &cost in &costs {
+                                compared += 1;
+                                let shortcut = evaluate_allowed_rounded(&par, stored, now, cost);
+                                let general = evaluate(&par, tat, now, cost);
+                                let Some((allowance, next)) = shortcut else { continue };
+                                decided += 1;
+                                let Ok(outcome @ GcraOutcome::Allowed { tat: written, .. }) = general else {
+                                    panic!(
+                                        "q {q} p {p} b {b} now {now} {stored:?} cost {cost}: shortcut {shortcut:?}, evaluate {general:?}"
+                                    );
+                                };
+                                assert_eq!(
+                                    Some(allowance),
+                                    outcome.allowance(&par),
+                                    "q {q} p {p} b {b} now {now} {stored:?} cost {cost}"
+                                );
+                                let expires = u64::try_from(written.0.div_ceil(u128::from(q))).unwrap();
+                                let deficit =
+                                    u64::try_from(u128::from(expires) * u128::from(q) - written.0).unwrap();
+                                assert_eq!(
+                                    next,
+                                    RoundedArrivalTime { expires_at_millis: expires, deficit },
+                                    "q {q} p {p} b {b} now {now} {stored:?} cost {cost}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(decided > 10_000, "{decided} of {compared}");
     }
 
     #[test]

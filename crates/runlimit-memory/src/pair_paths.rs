@@ -1,0 +1,156 @@
+//! The two-check paths (`Engine::check_pair_on_one_shard`, `check_pair_on_two_shards`)
+//! against the grouped path: both engines run the same random operations and every report
+//! (decision, headroom, denied index, consumption, cleanup counts) and the occupancy of every
+//! shard must be equal. Beyond what `batch_paths.rs` generates: weighted costs, one subject key
+//! bound to two policies (both keys on one shard), clocks near `u64::MAX` (GCRA evaluation
+//! errors at index 0 and at index 1), unobserved checks (`timed = false`) and poisoned
+//! shards.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use runlimit_core::{
+    Check, FixedWindowPolicy, GcraPolicy, KeyHasher, PolicyId, PolicySubject, QuotaMode, ScopeId,
+};
+
+use crate::{
+    MemoryStoreConfig,
+    algorithm::sealed::Algorithm,
+    engine::{Engine, Report},
+};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Clock(u64),
+    Advance(u64),
+    Check(usize, u64, u64),
+    /// Two checks: (policy, subject, cost, bind to the first check's subject key).
+    Pair([(usize, u64, u64); 2], bool),
+    Poison(usize),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let pick = (0usize..3, 0u64..10, 1u64..=2);
+    let op = prop_oneof![
+        5 => prop_oneof![
+            0u64..3_000,
+            Just(u64::MAX - 1_000),
+            Just(u64::MAX - 300),
+            Just(u64::MAX - 160),
+            Just(u64::MAX),
+        ].prop_map(Op::Clock),
+        15 => prop_oneof![0u64..50, 0u64..700, Just(100u64), Just(300), Just(500)].prop_map(Op::Advance),
+        15 => pick.clone().prop_map(|(p, n, c)| Op::Check(p, n, c)),
+        40 => (pick.clone(), pick, any::<bool>()).prop_map(|(a, b, bound)| Op::Pair([a, b], bound)),
+        1 => prop_oneof![Just(0usize), 0usize..3].prop_map(Op::Poison),
+    ];
+    proptest::collection::vec(op, 1..60)
+}
+
+fn config() -> impl Strategy<Value = MemoryStoreConfig> {
+    (1usize..=4, 1usize..=10, 1usize..=3).prop_filter_map(
+        "a valid configuration",
+        |(shards, keys, removals)| {
+            MemoryStoreConfig::new(keys)
+                .and_then(|config| config.with_shard_count(shards))
+                .and_then(|config| config.with_expired_removals_per_check(removals))
+                .and_then(|config| config.with_maximum_batch_size(6))
+                .ok()
+        },
+    )
+}
+
+fn outcome<D: std::fmt::Debug, F: std::fmt::Debug>(result: Result<Report<D>, F>, timed: bool) -> String {
+    match result {
+        Ok(mut report) => {
+            report.cleanup.elapsed = Duration::ZERO;
+            if !timed {
+                report.headroom =
+                    runlimit_core::backend::ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 };
+            }
+            format!("{report:?}")
+        }
+        Err(failure) => format!("Err({failure:?})"),
+    }
+}
+
+fn run<A: Algorithm>(
+    config: MemoryStoreConfig,
+    policies: &[A; 3],
+    ops: &[Op],
+    timed: bool,
+) -> Result<(), TestCaseError>
+where
+    A::Error: std::fmt::Debug,
+{
+    let hasher = KeyHasher::new(&[7; 32]).unwrap();
+    let subjects: Vec<Vec<PolicySubject<'_, A>>> = policies
+        .iter()
+        .map(|policy| (0..10u64).map(|n| hasher.hash_for(policy, &n.to_be_bytes())).collect())
+        .collect();
+    let check = |(policy, n, cost): (usize, u64, u64), bound: Option<PolicySubject<'_, A>>| {
+        let subject = match bound {
+            Some(other) => other.into_unbound_subject_key().bind(&policies[policy]),
+            None => subjects[policy][usize::try_from(n).unwrap()],
+        };
+        let check = Check::new(subject);
+        check.with_cost(cost).unwrap_or(check)
+    };
+    let (pair, grouped) = (Engine::new(config), Engine::new(config));
+    let mut now = 0u64;
+    for (step, op) in ops.iter().enumerate() {
+        match op {
+            Op::Clock(at) => now = *at,
+            Op::Advance(by) => now = now.saturating_add(*by),
+            &Op::Check(policy, n, cost) => {
+                let c = check((policy, n, cost), None);
+                let (a, b) = (pair.check::<A>(&c, now, timed), grouped.check::<A>(&c, now, timed));
+                prop_assert_eq!(outcome(a, timed), outcome(b, timed), "step {}: {:?}", step, op);
+            }
+            Op::Pair([first, second], bound) => {
+                let one = check(*first, None);
+                let two = check(*second, bound.then(|| subjects[first.0][usize::try_from(first.1).unwrap()]));
+                let checks = [one, two];
+                let a = pair.check_all::<A>(&checks, now, timed);
+                let b = grouped.check_all_grouped::<A>(&checks, now, timed);
+                prop_assert_eq!(outcome(a, timed), outcome(b, timed), "step {}: {:?}", step, op);
+            }
+            &Op::Poison(shard) => {
+                if shard < config.shard_count() {
+                    pair.poison_shard(shard);
+                    grouped.poison_shard(shard);
+                }
+            }
+        }
+        prop_assert_eq!(pair.stats(), grouped.stats(), "shard occupancy after step {}", step);
+    }
+    Ok(())
+}
+
+fn fixed(id: &str, limit: u64, window_ms: u64) -> FixedWindowPolicy {
+    let window = Duration::from_millis(window_ms);
+    FixedWindowPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("t").unwrap(), limit, window).unwrap()
+}
+
+fn gcra(id: &str, quota: u64, period_ms: u64, burst: u64) -> GcraPolicy {
+    let period = Duration::from_millis(period_ms);
+    GcraPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("t").unwrap(), quota, period, burst).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fixed_window_pairs_agree_with_the_grouped_path(config in config(), ops in ops(), timed in any::<bool>()) {
+        let base = fixed("a", 2, 300);
+        let policies = [base.clone(), fixed("b", 1, 500), base.with_quota_mode(QuotaMode::Shadow)];
+        run::<FixedWindowPolicy>(config, &policies, &ops, timed)?;
+    }
+
+    #[test]
+    fn gcra_pairs_agree_with_the_grouped_path(config in config(), ops in ops(), timed in any::<bool>()) {
+        let base = gcra("a", 2, 300, 2);
+        let policies = [base.clone(), gcra("b", 1, 500, 1), base.with_quota_mode(QuotaMode::Shadow)];
+        run::<GcraPolicy>(config, &policies, &ops, timed)?;
+    }
+}
