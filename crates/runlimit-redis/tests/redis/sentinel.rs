@@ -36,30 +36,47 @@ impl Drop for OwnSentinel {
 }
 
 impl OwnSentinel {
-    /// A Sentinel monitoring the primary on `primary_port` (quorum 2, down after 1 s).
-    fn start(primary_port: u16) -> Self {
-        let directory = tempfile::tempdir().expect("a temporary directory");
-        let port = support::free_port();
-        let config = directory.path().join("sentinel.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
-                 sentinel down-after-milliseconds {SERVICE} 1000\nsentinel failover-timeout {SERVICE} 4000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                directory.path().display()
-            ),
-        )
-        .expect("write sentinel.conf");
-        let child = Command::new("redis-server")
-            .arg(&config)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server --sentinel");
-        Self { child, port, _directory: directory }
+    /// A Sentinel monitoring the primary on `primary_port` (quorum 2, down after 1 s), once it
+    /// answers as itself. As with `support::own_server`, a new port is drawn when the Sentinel
+    /// exits (the port was taken meanwhile) and another test's server answering on the port
+    /// is not taken for it (tests run in parallel and may draw the same free port).
+    async fn start(primary_port: u16) -> Self {
+        for _attempt in 0..5 {
+            let directory = tempfile::tempdir().expect("a temporary directory");
+            let port = support::free_port();
+            let config = directory.path().join("sentinel.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} 1000\nsentinel failover-timeout {SERVICE} 4000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    directory.path().display()
+                ),
+            )
+            .expect("write sentinel.conf");
+            let child = Command::new("redis-server")
+                .arg(&config)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server --sentinel");
+            let mut sentinel = Self { child, port, _directory: directory };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if sentinel.child.try_wait().expect("poll redis-server --sentinel").is_some() {
+                    break;
+                }
+                if support::answers_as(&sentinel.url(), sentinel.child.id()).await {
+                    return sentinel;
+                }
+                assert!(Instant::now() < deadline, "the Sentinel on port {port} did not answer within 10 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("redis-server --sentinel exited before answering five times")
     }
 
     fn url(&self) -> String {
@@ -142,10 +159,15 @@ fn admissions_follow_two_failovers_and_every_error_is_classified() {
             info.contains("master_link_status:up")
         })
         .await;
-        let sentinels: Vec<OwnSentinel> = (0..3).map(|_| OwnSentinel::start(first.port())).collect();
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(OwnSentinel::start(first.port()).await);
+        }
         for sentinel in &sentinels {
             // Each knows the replica and both other Sentinels: a failover can be agreed.
-            wait_until("a Sentinel to see the replica and its peers", Duration::from_secs(30), async || {
+            // (Sentinels learn replicas from the primary's INFO every 10 s and each other from
+            // hello messages every 2 s; 60 s leaves room for a loaded machine.)
+            wait_until("a Sentinel to see the replica and its peers", Duration::from_secs(60), async || {
                 array_len(sentinel_query(&sentinel.url(), &["REPLICAS", SERVICE]).await) == 1
                     && array_len(sentinel_query(&sentinel.url(), &["SENTINELS", SERVICE]).await) == 2
             })
@@ -334,7 +356,7 @@ fn no_reachable_sentinel_names_them_and_is_not_consumed() {
         );
         // A Sentinel that does not monitor the service says so.
         let server = support::own_server(&[]).await;
-        let lone = OwnSentinel::start(server.port());
+        let lone = OwnSentinel::start(server.port()).await;
         wait_until("the Sentinel to answer", Duration::from_secs(10), async || {
             sentinel_query(&lone.url(), &["GET-MASTER-ADDR-BY-NAME", SERVICE]).await.is_some()
         })

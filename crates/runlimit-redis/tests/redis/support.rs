@@ -190,7 +190,7 @@ pub(crate) fn free_port() -> u16 {
 /// Whether the server at `url` answers within a second and is the process `pid` (`INFO
 /// server`'s `process_id`): another test's server may hold the port when two tests drew the
 /// same free port, and this one has not exited yet.
-async fn answers_as(url: &str, pid: u32) -> bool {
+pub(crate) async fn answers_as(url: &str, pid: u32) -> bool {
     let attempt = async {
         let mut connection = redis::Client::open(url).ok()?.get_multiplexed_async_connection().await.ok()?;
         let info: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.ok()?;
