@@ -109,6 +109,25 @@ impl Verdicts {
     }
 }
 
+/// The two checks of a pair batch evaluated in input order, against their live entries at
+/// `now`; an evaluation error names its check's index.
+#[inline(always)]
+fn evaluate_pair<A: Algorithm>(
+    checks: [&Check<'_, A>; 2],
+    live: [Option<Entry>; 2],
+    now: u64,
+) -> Result<[Verdict; 2], Failure<A::Error>> {
+    let first = checks[0]
+        .policy()
+        .evaluate(live[0], now, checks[0].cost())
+        .map_err(|source| Failure::Evaluation { index: 0, source })?;
+    let second = checks[1]
+        .policy()
+        .evaluate(live[1], now, checks[1].cost())
+        .map_err(|source| Failure::Evaluation { index: 1, source })?;
+    Ok([first, second])
+}
+
 /// The report of a decided batch.
 fn report<E>(
     decision: Result<(BatchDecision, Option<usize>), BatchDecisionError>,
@@ -595,15 +614,7 @@ impl Engine {
         let slots = [shard.find(&keys[0], hashes[0]), shard.find(&keys[1], hashes[1])];
         let live =
             |slot: Option<u32>| slot.and_then(|slot| shard.entry(slot)).and_then(|entry| entry.live_at(now));
-        let (first_live, second_live) = (live(slots[0]), live(slots[1]));
-        let first = checks[0]
-            .policy()
-            .evaluate(first_live, now, checks[0].cost())
-            .map_err(|source| Failure::Evaluation { index: 0, source })?;
-        let second = checks[1]
-            .policy()
-            .evaluate(second_live, now, checks[1].cost())
-            .map_err(|source| Failure::Evaluation { index: 1, source })?;
+        let [first, second] = evaluate_pair(checks, [live(slots[0]), live(slots[1])], now)?;
         let new_keys = usize::from(slots[0].is_none()) + usize::from(slots[1].is_none());
         let free = shard.free();
 
@@ -705,15 +716,7 @@ impl Engine {
         let live = |index: usize| {
             slots[index].and_then(|slot| shards[index].entry(slot)).and_then(|entry| entry.live_at(now))
         };
-        let (first_live, second_live) = (live(0), live(1));
-        let first = checks[0]
-            .policy()
-            .evaluate(first_live, now, checks[0].cost())
-            .map_err(|source| Failure::Evaluation { index: 0, source })?;
-        let second = checks[1]
-            .policy()
-            .evaluate(second_live, now, checks[1].cost())
-            .map_err(|source| Failure::Evaluation { index: 1, source })?;
+        let [first, second] = evaluate_pair(checks, [live(0), live(1)], now)?;
         // A shard is short when its key needs a new slot and it has none left.
         let short =
             [slots[0].is_none() && shards[0].free() == 0, slots[1].is_none() && shards[1].free() == 0];

@@ -6,17 +6,14 @@
 //! errors at index 0 and at index 1), unobserved checks (`timed = false`) and poisoned
 //! shards.
 
-use std::time::Duration;
-
 use proptest::prelude::*;
-use runlimit_core::{
-    Check, FixedWindowPolicy, GcraPolicy, KeyHasher, PolicyId, PolicySubject, QuotaMode, ScopeId,
-};
+use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, KeyHasher, PolicySubject, QuotaMode};
 
 use crate::{
     MemoryStoreConfig,
     algorithm::sealed::Algorithm,
-    engine::{Engine, Report},
+    batch_paths::{fixed, gcra, outcome},
+    engine::Engine,
 };
 
 #[derive(Clone, Debug)]
@@ -58,20 +55,6 @@ fn config() -> impl Strategy<Value = MemoryStoreConfig> {
                 .ok()
         },
     )
-}
-
-fn outcome<D: std::fmt::Debug, F: std::fmt::Debug>(result: Result<Report<D>, F>, timed: bool) -> String {
-    match result {
-        Ok(mut report) => {
-            report.cleanup.elapsed = Duration::ZERO;
-            if !timed {
-                report.headroom =
-                    runlimit_core::backend::ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 };
-            }
-            format!("{report:?}")
-        }
-        Err(failure) => format!("Err({failure:?})"),
-    }
 }
 
 fn run<A: Algorithm>(
@@ -125,16 +108,6 @@ where
         prop_assert_eq!(pair.stats(), grouped.stats(), "shard occupancy after step {}", step);
     }
     Ok(())
-}
-
-fn fixed(id: &str, limit: u64, window_ms: u64) -> FixedWindowPolicy {
-    let window = Duration::from_millis(window_ms);
-    FixedWindowPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("t").unwrap(), limit, window).unwrap()
-}
-
-fn gcra(id: &str, quota: u64, period_ms: u64, burst: u64) -> GcraPolicy {
-    let period = Duration::from_millis(period_ms);
-    GcraPolicy::new(PolicyId::new(id).unwrap(), ScopeId::new("t").unwrap(), quota, period, burst).unwrap()
 }
 
 proptest! {
