@@ -47,7 +47,13 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 /// 1 to 3 shards holding 1 to 10 keys in all (so shard capacities differ by one), 1 to 3
 /// expired removals per check.
 fn config() -> impl Strategy<Value = MemoryStoreConfig> {
-    (1usize..=3, 1usize..=10, 1usize..=3).prop_filter_map(
+    config_of_up_to(3)
+}
+
+/// 1 to `shards` shards holding 1 to 10 keys in all, 1 to 3 expired removals per check,
+/// batches of up to six checks.
+pub(crate) fn config_of_up_to(shards: usize) -> impl Strategy<Value = MemoryStoreConfig> {
+    (1usize..=shards, 1usize..=10, 1usize..=3).prop_filter_map(
         "a valid configuration",
         |(shards, keys, removals)| {
             MemoryStoreConfig::new(keys)

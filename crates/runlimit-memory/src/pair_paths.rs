@@ -12,7 +12,7 @@ use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, KeyHasher, PolicySubje
 use crate::{
     MemoryStoreConfig,
     algorithm::sealed::Algorithm,
-    batch_paths::{fixed, gcra, outcome},
+    batch_paths::{config_of_up_to, fixed, gcra, outcome},
     engine::Engine,
 };
 
@@ -42,19 +42,6 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         1 => prop_oneof![Just(0usize), 0usize..3].prop_map(Op::Poison),
     ];
     proptest::collection::vec(op, 1..60)
-}
-
-fn config() -> impl Strategy<Value = MemoryStoreConfig> {
-    (1usize..=4, 1usize..=10, 1usize..=3).prop_filter_map(
-        "a valid configuration",
-        |(shards, keys, removals)| {
-            MemoryStoreConfig::new(keys)
-                .and_then(|config| config.with_shard_count(shards))
-                .and_then(|config| config.with_expired_removals_per_check(removals))
-                .and_then(|config| config.with_maximum_batch_size(6))
-                .ok()
-        },
-    )
 }
 
 fn run<A: Algorithm>(
@@ -114,14 +101,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2_048, ..ProptestConfig::default() })]
 
     #[test]
-    fn fixed_window_pairs_agree_with_the_grouped_path(config in config(), ops in ops(), timed in any::<bool>()) {
+    fn fixed_window_pairs_agree_with_the_grouped_path(config in config_of_up_to(4), ops in ops(), timed in any::<bool>()) {
         let base = fixed("a", 2, 300);
         let policies = [base.clone(), fixed("b", 1, 500), base.with_quota_mode(QuotaMode::Shadow)];
         run::<FixedWindowPolicy>(config, &policies, &ops, timed)?;
     }
 
     #[test]
-    fn gcra_pairs_agree_with_the_grouped_path(config in config(), ops in ops(), timed in any::<bool>()) {
+    fn gcra_pairs_agree_with_the_grouped_path(config in config_of_up_to(4), ops in ops(), timed in any::<bool>()) {
         let base = gcra("a", 2, 300, 2);
         let policies = [base.clone(), gcra("b", 1, 500, 1), base.with_quota_mode(QuotaMode::Shadow)];
         run::<GcraPolicy>(config, &policies, &ops, timed)?;
