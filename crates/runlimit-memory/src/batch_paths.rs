@@ -18,7 +18,7 @@ use runlimit_core::{
 use crate::{
     MemoryStoreConfig,
     algorithm::sealed::Algorithm,
-    engine::{Engine, Report},
+    engine::{Engine, Observed},
 };
 
 #[derive(Clone, Debug)]
@@ -65,22 +65,19 @@ pub(crate) fn config_of_up_to(shards: usize) -> impl Strategy<Value = MemoryStor
     )
 }
 
-/// A report or failure as text, without the cleanup's wall-clock time (and without the
-/// headroom unless `timed`: only observers read it).
+/// An engine's answer as text: the decision or failure and, for an observed operation, what
+/// the observer reads (without the cleanup's wall-clock time).
 pub(crate) fn outcome<D: std::fmt::Debug, F: std::fmt::Debug>(
-    result: Result<Report<D>, F>,
-    timed: bool,
+    result: Result<D, F>,
+    observed: Option<Observed>,
 ) -> String {
-    match result {
-        Ok(mut report) => {
-            report.cleanup.elapsed = Duration::ZERO;
-            if !timed {
-                report.headroom =
-                    runlimit_core::backend::ShardHeadroom { shard_index: 0, entries: 0, capacity: 0 };
-            }
-            format!("{report:?}")
+    match (result, observed) {
+        (Ok(decision), Some(mut observed)) => {
+            observed.cleanup.elapsed = Duration::ZERO;
+            format!("{decision:?} {observed:?}")
         }
-        Err(failure) => format!("Err({failure:?})"),
+        (Ok(decision), None) => format!("{decision:?}"),
+        (Err(failure), _) => format!("Err({failure:?})"),
     }
 }
 
@@ -102,14 +99,29 @@ where
             Op::Advance(by) => now += by,
             &Op::Check(policy, n) => {
                 let check = Check::new(subject(policy, n));
-                let (a, b) = (small.check::<A>(&check, now, true), grouped.check::<A>(&check, now, true));
-                prop_assert_eq!(outcome(a, true), outcome(b, true), "step {}: {:?}", step, op);
+                let (mut seen, mut expected) = (Observed::default(), Observed::default());
+                let a = small.check::<A>(&check, now, Some(&mut seen));
+                let b = grouped.check::<A>(&check, now, Some(&mut expected));
+                prop_assert_eq!(
+                    outcome(a, Some(seen)),
+                    outcome(b, Some(expected)),
+                    "step {}: {:?}",
+                    step,
+                    op
+                );
             }
             Op::Batch(keys) => {
                 let checks: Vec<_> = keys.iter().map(|&(policy, n)| Check::new(subject(policy, n))).collect();
-                let a = small.check_all::<A>(&checks, now, true);
-                let b = grouped.check_all_grouped::<A>(&checks, now, true);
-                prop_assert_eq!(outcome(a, true), outcome(b, true), "step {}: {:?}", step, op);
+                let (mut seen, mut expected) = (Observed::default(), Observed::default());
+                let a = small.check_all::<A>(&checks, now, Some(&mut seen));
+                let b = grouped.check_all_grouped::<A>(&checks, now, Some(&mut expected));
+                prop_assert_eq!(
+                    outcome(a, Some(seen)),
+                    outcome(b, Some(expected)),
+                    "step {}: {:?}",
+                    step,
+                    op
+                );
             }
         }
         prop_assert_eq!(small.stats(), grouped.stats(), "shard occupancy after step {}", step);

@@ -13,7 +13,7 @@ use crate::{
     MemoryStoreConfig,
     algorithm::sealed::Algorithm,
     batch_paths::{config_of_up_to, fixed, gcra, outcome},
-    engine::Engine,
+    engine::{Engine, Observed},
 };
 
 #[derive(Clone, Debug)]
@@ -74,16 +74,21 @@ where
             Op::Advance(by) => now = now.saturating_add(*by),
             &Op::Check(policy, n, cost) => {
                 let c = check((policy, n, cost), None);
-                let (a, b) = (pair.check::<A>(&c, now, timed), grouped.check::<A>(&c, now, timed));
-                prop_assert_eq!(outcome(a, timed), outcome(b, timed), "step {}: {:?}", step, op);
+                let (mut seen, mut expected) = (Observed::default(), Observed::default());
+                let a = pair.check::<A>(&c, now, timed.then_some(&mut seen));
+                let b = grouped.check::<A>(&c, now, timed.then_some(&mut expected));
+                let (seen, expected) = (timed.then_some(seen), timed.then_some(expected));
+                prop_assert_eq!(outcome(a, seen), outcome(b, expected), "step {}: {:?}", step, op);
             }
             Op::Pair([first, second], bound) => {
                 let one = check(*first, None);
                 let two = check(*second, bound.then(|| subjects[first.0][usize::try_from(first.1).unwrap()]));
                 let checks = [one, two];
-                let a = pair.check_all::<A>(&checks, now, timed);
-                let b = grouped.check_all_grouped::<A>(&checks, now, timed);
-                prop_assert_eq!(outcome(a, timed), outcome(b, timed), "step {}: {:?}", step, op);
+                let (mut seen, mut expected) = (Observed::default(), Observed::default());
+                let a = pair.check_all::<A>(&checks, now, timed.then_some(&mut seen));
+                let b = grouped.check_all_grouped::<A>(&checks, now, timed.then_some(&mut expected));
+                let (seen, expected) = (timed.then_some(seen), timed.then_some(expected));
+                prop_assert_eq!(outcome(a, seen), outcome(b, expected), "step {}: {:?}", step, op);
             }
             &Op::Poison(shard) => {
                 if shard < config.shard_count() {

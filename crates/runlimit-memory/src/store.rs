@@ -17,7 +17,7 @@ use crate::{
     algorithm::MemoryAlgorithm,
     clock::{self, Clock, SystemClock},
     config::MemoryStoreConfig,
-    engine::{Engine, Report},
+    engine::{Engine, Observed, Unobserved},
     error::{ObservedFailure, PoisonedShardError},
     stats::MemoryStoreStats,
 };
@@ -60,12 +60,13 @@ fn observe<'p, D, F: ObservedFailure, O: Observer>(
     observer: &O,
     started: Instant,
     operation: impl FnOnce(Option<usize>) -> AdmissionOperation<'p>,
-    result: &Result<Report<D>, F>,
+    result: &Result<D, F>,
+    report: &Observed,
     outcome: fn(&D) -> AdmissionOutcome,
 ) {
     let elapsed = started.elapsed();
     let observation = match result {
-        Ok(report) => {
+        Ok(decision) => {
             if report.cleanup.removed > 0 {
                 let cleanup = CleanupObservation::new(
                     CleanupOutcome::Removed { count: saturating_u64(report.cleanup.removed) },
@@ -76,13 +77,8 @@ fn observe<'p, D, F: ObservedFailure, O: Observer>(
             }
             let consumption =
                 if report.consumed { ConsumptionStatus::Consumed } else { ConsumptionStatus::NotConsumed };
-            AdmissionObservation::new(
-                operation(report.singled_out),
-                outcome(&report.decision),
-                consumption,
-                elapsed,
-            )
-            .with_shard_headroom(report.headroom)
+            AdmissionObservation::new(operation(report.singled_out), outcome(decision), consumption, elapsed)
+                .with_shard_headroom(report.headroom)
         }
         Err(failure) => {
             let outcome = if failure.is_invalid_batch() {
@@ -176,13 +172,18 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
     /// (hundreds of millions of years) that an arrival time no longer fits. Nothing was
     /// consumed in any case.
     pub fn check(&self, check: &Check<'_, P>) -> Result<Decision, P::CheckError> {
-        let started = self.observer.as_ref().map(|_| Instant::now());
-        let result = self.engine.check::<P>(check, clock::millis(&self.clock), started.is_some());
-        if let (Some(observer), Some(started)) = (&self.observer, started) {
-            let operation = |_| AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
-            observe(observer, started, operation, &result, admission_outcome);
-        }
-        result.map(|report| report.decision).map_err(P::check_error)
+        let Some(observer) = &self.observer else {
+            return self
+                .engine
+                .check::<P>(check, clock::millis(&self.clock), Unobserved)
+                .map_err(P::check_error);
+        };
+        let started = Instant::now();
+        let mut observed = Observed::default();
+        let result = self.engine.check::<P>(check, clock::millis(&self.clock), &mut observed);
+        let operation = |_| AdmissionOperation::Check { policy: AdmissionPolicy::of(check.policy()) };
+        observe(observer, started, operation, &result, &observed, admission_outcome);
+        result.map_err(P::check_error)
     }
 
     /// Evaluates an atomic batch: when every check is allowed, all are consumed together and
@@ -212,18 +213,23 @@ impl<P: MemoryAlgorithm, C: Clock, O: Observer> ShardedStore<P, C, O> {
     /// [`GcraBatchError::Evaluation`](crate::GcraBatchError::Evaluation) naming the check the
     /// evaluator could not decide. Nothing was consumed in any error case.
     pub fn check_all(&self, checks: &[Check<'_, P>]) -> Result<BatchDecision, P::BatchError> {
-        let started = self.observer.as_ref().map(|_| Instant::now());
-        let result = self.engine.check_all::<P>(checks, clock::millis(&self.clock), started.is_some());
-        if let (Some(observer), Some(started)) = (&self.observer, started) {
-            let operation = |index: Option<usize>| AdmissionOperation::Batch {
-                size: checks.len(),
-                policy: index
-                    .and_then(|index| checks.get(index))
-                    .map(|check| AdmissionPolicy::of(check.policy())),
-            };
-            observe(observer, started, operation, &result, batch_admission_outcome);
-        }
-        result.map(|report| report.decision).map_err(P::batch_error)
+        let Some(observer) = &self.observer else {
+            return self
+                .engine
+                .check_all::<P>(checks, clock::millis(&self.clock), Unobserved)
+                .map_err(P::batch_error);
+        };
+        let started = Instant::now();
+        let mut observed = Observed::default();
+        let result = self.engine.check_all::<P>(checks, clock::millis(&self.clock), &mut observed);
+        let operation = |index: Option<usize>| AdmissionOperation::Batch {
+            size: checks.len(),
+            policy: index
+                .and_then(|index| checks.get(index))
+                .map(|check| AdmissionPolicy::of(check.policy())),
+        };
+        observe(observer, started, operation, &result, &observed, batch_admission_outcome);
+        result.map_err(P::batch_error)
     }
 
     /// The subject's quota now, without consuming, creating or changing anything: no entry is
