@@ -389,6 +389,7 @@ impl Engine {
         } else {
             ShardHeadroom { shard_index, entries: 0, capacity: 0 }
         };
+        drop(shard);
         Ok(finish(decision, observed, || Observed { headroom, singled_out: None, consumed, cleanup }))
     }
 
