@@ -69,7 +69,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use strength_reduce::StrengthReducedU64;
+use fastdivide::DividerU64;
 
 use crate::{
     decision::{Allowance, QuotaDenial},
@@ -83,8 +83,10 @@ use crate::{
 /// It also holds Q and P as strength-reduced divisors, computed once when the parameters are
 /// built (a [`GcraPolicy`] builds them with itself), so the 64-bit evaluation divides by
 /// multiplying: a 64-bit division costs tens of cycles, and a check divides twice. (The
-/// `strength_reduce` crate computes them: a multiplication by a precomputed 128-bit
-/// reciprocal, then shifts.) It also holds B·P and the clock below which
+/// `fastdivide` crate, a port of libdivide, computes them: the high half of one 64×64-bit
+/// product by a precomputed reciprocal, then a shift. It replaced `strength_reduce`, whose
+/// 128-bit reciprocal takes two products: an allowed `GcraStore` check 31.7 → 30.5 ns.) It
+/// also holds B·P and the clock below which
 /// [`evaluate_allowed_rounded`] may compute in 64 bits without checking each step. Equality,
 /// hashing and `Debug` see only Q, P and B.
 #[derive(Clone, Copy)]
@@ -92,8 +94,8 @@ pub struct GcraParameters {
     quota: Capacity,
     period: QuotaPeriod,
     burst: Capacity,
-    quota_divisor: StrengthReducedU64,
-    period_divisor: StrengthReducedU64,
+    quota_divisor: DividerU64,
+    period_divisor: DividerU64,
     /// B·P in scaled units when it fits 64 bits, else 0 (the shortcut is then off).
     capacity_scaled: u64,
     /// ⌊(2⁶⁴ − 1 − B·P) / Q⌋: clocks and stored expiries below it take the 64-bit shortcut of
@@ -139,8 +141,8 @@ impl GcraParameters {
             return Err(PolicyError::ReplenishmentTooLong { millis, maximum_millis: MAX_WINDOW_MILLIS });
         }
         // Both are at least 1, validated by `Capacity` and `QuotaPeriod`: `new` cannot panic.
-        let quota_divisor = StrengthReducedU64::new(quota.get());
-        let period_divisor = StrengthReducedU64::new(period.as_millis());
+        let quota_divisor = DividerU64::divide_by(quota.get());
+        let period_divisor = DividerU64::divide_by(period.as_millis());
         let (capacity_scaled, shortcut_limit_millis) = match u64::try_from(full) {
             Ok(capacity_scaled) => (capacity_scaled, (u64::MAX - capacity_scaled) / quota.get()),
             Err(_) => (0, 0),
@@ -328,7 +330,7 @@ fn non_zero(value: u64) -> std::num::NonZeroU64 {
 #[derive(Clone, Copy)]
 struct Divisor {
     value: std::num::NonZeroU64,
-    reduced: StrengthReducedU64,
+    reduced: DividerU64,
 }
 
 impl GcraParameters {
@@ -393,9 +395,10 @@ macro_rules! width {
 }
 
 // 64 bits: by the strength-reduced divisor.
-width!(u64, |x, d| x / d.reduced, {
-    let (quotient, remainder) = StrengthReducedU64::div_rem(x, d.reduced);
-    quotient + u64::from(remainder != 0)
+width!(u64, |x, d| d.reduced.divide(x), {
+    let quotient = d.reduced.divide(x);
+    // quotient × d ≤ x: no overflow.
+    quotient + u64::from(x - quotient * d.value.get() != 0)
 });
 // 128 bits: by the plain divisor (a library call; only for values beyond 64 bits).
 width!(u128, |x, d| x / std::num::NonZeroU128::from(d.value), x.div_ceil(u128::from(d.value.get())));
@@ -594,8 +597,10 @@ pub fn evaluate_allowed_rounded(
     if ahead > capacity {
         return None;
     }
-    let remaining = (capacity - ahead) / parameters.period_divisor;
-    let (whole, rest) = StrengthReducedU64::div_rem(ahead, parameters.quota_divisor);
+    let remaining = parameters.period_divisor.divide(capacity - ahead);
+    let whole = parameters.quota_divisor.divide(ahead);
+    // whole × Q ≤ ahead: no overflow.
+    let rest = ahead - whole * quota;
     let replenish = whole + u64::from(rest != 0);
     // expires × Q − tat = (now + ⌈ahead / Q⌉) × Q − (now_s + ahead) = Q − rest, or 0.
     let deficit = if rest == 0 { 0 } else { quota - rest };
@@ -789,6 +794,30 @@ mod tests {
                 proptest::prop_assert_eq!(Some(narrow), wide);
             }
             proptest::prop_assert_eq!(evaluate(&p, tat, now, cost).ok(), wide);
+        }
+    }
+
+    proptest::proptest! {
+        /// The 64-bit divisions (by the `fastdivide` reciprocal) against the hardware's, for
+        /// every divisor a policy can have and any numerator, rounding down and up.
+        #[test]
+        fn the_64_bit_divisions_are_exact(
+            divisor in proptest::prop_oneof![
+                1u64..=64,
+                1u64..=crate::MAX_LIMIT,
+                proptest::strategy::Strategy::prop_map(0u32..63, |shift| 1u64 << shift),
+                proptest::strategy::Strategy::prop_map(1u32..63, |shift| (1u64 << shift) - 1),
+                proptest::strategy::Strategy::prop_map(1u32..63, |shift| (1u64 << shift) + 1),
+            ],
+            numerator in proptest::prop_oneof![proptest::num::u64::ANY, 0u64..1_000_000, proptest::strategy::Just(u64::MAX)],
+        ) {
+            let divisor = Divisor { value: non_zero(divisor), reduced: DividerU64::divide_by(divisor) };
+            let exact = numerator / divisor.value.get();
+            proptest::prop_assert_eq!(numerator.over(divisor), exact);
+            proptest::prop_assert_eq!(numerator.over_ceil(divisor), numerator.div_ceil(divisor.value.get()));
+            for near in [exact.saturating_mul(divisor.value.get()), numerator.saturating_sub(1)] {
+                proptest::prop_assert_eq!(near.over(divisor), near / divisor.value.get());
+            }
         }
     }
 
