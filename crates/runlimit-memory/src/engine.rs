@@ -25,7 +25,7 @@ use runlimit_core::{
     QuotaSnapshot,
     backend::{
         ShardHeadroom,
-        batch::{self, Precedence},
+        batch::{self, BatchDenial, Precedence},
     },
 };
 
@@ -126,6 +126,22 @@ fn evaluate_pair<A: Algorithm>(
         .evaluate(live[1], now, checks[1].cost())
         .map_err(|source| Failure::Evaluation { index: 1, source })?;
     Ok([first, second])
+}
+
+/// The decision of a pair batch decided under its locks: both allowances (allowed), or the
+/// denial the batch rule picked and its retry-after.
+#[inline(always)]
+fn pair_decision<E>(
+    decided: Result<[Allowance; 2], (BatchDenial, Option<Delay>)>,
+) -> Result<(BatchDecision, Option<usize>), Failure<E>> {
+    let decision = match decided {
+        Ok(allowances) => batch::allowed(allowances).map(|decision| (decision, None)),
+        Err((denial, retry_after)) => {
+            denial.into_decision(2, retry_after).map(|decision| (decision, Some(denial.index())))
+        }
+    };
+    // Unreachable: two allowances, an index of 0 or 1. Fail closed as an invalid batch.
+    decision.map_err(|_| Failure::Invalid(runlimit_core::BatchError::EmptyBatch))
 }
 
 /// A decided batch: its decision, and what an observer reads when `observed` asks for it.
@@ -692,7 +708,8 @@ impl Engine {
         let new_keys = usize::from(slots[0].is_none()) + usize::from(slots[1].is_none());
         let free = shard.free();
 
-        let (decision, singled_out) = match (first, second) {
+        // Decided under the lock; the decision is built once it is released.
+        let decided = match (first, second) {
             (
                 Verdict::Allowed { allowance: first_allowance, next: first_next },
                 Verdict::Allowed { allowance: second_allowance, next: second_next },
@@ -703,11 +720,7 @@ impl Engine {
                         None => shard.insert(keys[index], hashes[index], next),
                     }
                 }
-                match batch::allowed([first_allowance, second_allowance]) {
-                    Ok(decision) => (decision, None),
-                    // Unreachable: two allowances. Fail closed as an invalid batch.
-                    Err(_) => return Err(Failure::Invalid(runlimit_core::BatchError::EmptyBatch)),
-                }
+                Ok([first_allowance, second_allowance])
             }
             (first, second) => {
                 let mut precedence = Precedence::new(mode);
@@ -735,11 +748,7 @@ impl Engine {
                 } else {
                     None
                 };
-                match denial.into_decision(2, retry_after) {
-                    Ok(decision) => (decision, Some(denial.index())),
-                    // Unreachable: the index is 0 or 1. Fail closed as an invalid batch.
-                    Err(_) => return Err(Failure::Invalid(runlimit_core::BatchError::EmptyBatch)),
-                }
+                Err((denial, retry_after))
             }
         };
         let headroom = if timed {
@@ -748,6 +757,7 @@ impl Engine {
             ShardHeadroom { shard_index, entries: 0, capacity: 0 }
         };
         drop(shard);
+        let (decision, singled_out) = pair_decision(decided)?;
         Ok(finish(decision, observed, || Observed {
             headroom,
             singled_out,
@@ -801,7 +811,8 @@ impl Engine {
         let short =
             [slots[0].is_none() && shards[0].free() == 0, slots[1].is_none() && shards[1].free() == 0];
 
-        let (decision, singled_out) = match (first, second) {
+        // Decided under the locks; the decision is built once they are released.
+        let decided = match (first, second) {
             (
                 Verdict::Allowed { allowance: first_allowance, next: first_next },
                 Verdict::Allowed { allowance: second_allowance, next: second_next },
@@ -812,11 +823,7 @@ impl Engine {
                         None => shards[index].insert(keys[index], hashes[index], next),
                     }
                 }
-                match batch::allowed([first_allowance, second_allowance]) {
-                    Ok(decision) => (decision, None),
-                    // Unreachable: two allowances. Fail closed as an invalid batch.
-                    Err(_) => return Err(Failure::Invalid(runlimit_core::BatchError::EmptyBatch)),
-                }
+                Ok([first_allowance, second_allowance])
             }
             (first, second) => {
                 let mut precedence = Precedence::new(mode);
@@ -848,11 +855,7 @@ impl Engine {
                     }
                     retry_after = delay_until(latest, now);
                 }
-                match denial.into_decision(2, retry_after) {
-                    Ok(decision) => (decision, Some(denial.index())),
-                    // Unreachable: the index is 0 or 1. Fail closed as an invalid batch.
-                    Err(_) => return Err(Failure::Invalid(runlimit_core::BatchError::EmptyBatch)),
-                }
+                Err((denial, retry_after))
             }
         };
         // Only observers read the headroom: the shard with the least (the lower index on a tie).
@@ -867,6 +870,7 @@ impl Engine {
             };
         }
         drop(shards);
+        let (decision, singled_out) = pair_decision(decided)?;
         Ok(finish(decision, observed, || Observed {
             headroom,
             singled_out,
