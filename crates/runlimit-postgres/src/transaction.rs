@@ -166,6 +166,26 @@ pub(crate) async fn end<T>(
     }
 }
 
+/// A peek's one round trip: `BEGIN READ ONLY`, the settings, `statement` (the peek's read,
+/// one row), `ROLLBACK`. Returns the output and the index of `statement`'s result; a failure
+/// is classified as a check's (the caller closes the connection then).
+pub(crate) async fn peek(
+    connection: &mut PgConnection,
+    deadline: Deadline,
+    config: &PostgresConfig,
+    statement: &str,
+) -> Result<(script::ScriptOutput, usize), CheckError> {
+    let mut sql = script::begin_read_only().to_owned();
+    sql.push_str(&script::settings(config.server_timeout_millis()));
+    sql.push_str(statement);
+    sql.push_str(script::ROLLBACK);
+    let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
+    match script::run(connection, sql, deadline).await {
+        Ok(output) => Ok((output, script::BEGIN_STATEMENTS + 1)),
+        Err(error) => Err(check_failure(error, &phases, config.operation_timeout())),
+    }
+}
+
 /// Classifies a failed pre-commit script: `phases[i]` names statement `i`'s phase.
 ///
 /// PostgreSQL sends a script's statement results together at the end of the round trip (or

@@ -475,15 +475,9 @@ impl Algorithm for FixedWindowPolicy {
         policy: &Self,
         key: &[u8; 64],
     ) -> (Result<QuotaSnapshot, CheckError>, bool) {
-        let mut sql = script::begin_read_only().to_owned();
-        sql.push_str(&script::settings(config.server_timeout_millis()));
-        sql.push_str(&sql::peek(key));
-        sql.push_str(script::ROLLBACK);
-        let read = script::BEGIN_STATEMENTS + 1;
-        let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
-        let output = match script::run(connection, sql, deadline).await {
+        let (output, read) = match transaction::peek(connection, deadline, config, &sql::peek(key)).await {
             Ok(output) => output,
-            Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
+            Err(error) => return (Err(error), false),
         };
         let phase = CheckPhase::Preflight;
         let bad = malformed(phase);

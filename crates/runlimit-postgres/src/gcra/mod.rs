@@ -34,7 +34,7 @@ use crate::{
     prepared::{self, Statement},
     script::{self, ScriptOutput, clock_sample, column, malformed, per_check},
     store::sealed::{Algorithm, FreshInstallHook, Internal, Learned},
-    transaction::{self, Plan, check_failure, maintenance_failure},
+    transaction::{self, Plan, maintenance_failure},
 };
 
 /// One check, reduced to what the decision needs.
@@ -603,15 +603,10 @@ async fn peek_on(
     policy: &GcraPolicy,
     key: &[u8; 64],
 ) -> (Result<QuotaSnapshot, CheckError>, bool) {
-    let mut sql = script::begin_read_only().to_owned();
-    sql.push_str(&script::settings(config.server_timeout_millis()));
-    sql.push_str(&ledger.on(&sql::peek(key, i16::from(key[32]))));
-    sql.push_str(script::ROLLBACK);
-    let read = script::BEGIN_STATEMENTS + 1;
-    let phases = [CheckPhase::Begin, CheckPhase::Begin, CheckPhase::Preflight, CheckPhase::Preflight];
-    let output = match script::run(connection, sql, deadline).await {
+    let read = ledger.on(&sql::peek(key, i16::from(key[32])));
+    let (output, read) = match transaction::peek(connection, deadline, config, &read).await {
         Ok(output) => output,
-        Err(error) => return (Err(check_failure(error, &phases, config.operation_timeout())), false),
+        Err(error) => return (Err(error), false),
     };
     let phase = CheckPhase::Preflight;
     let bad = malformed(phase);
