@@ -6,24 +6,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use runlimit_core::{
-    BatchDecisionView, Check, ConsumptionStatus, DecisionView, Denial, GcraPolicy, PolicyId, ScopeId,
-};
+use runlimit_core::{BatchDecisionView, Check, ConsumptionStatus, DecisionView, Denial, GcraPolicy};
 use runlimit_memory::{GcraStore, ManualClock, MemoryStoreConfig};
 use runlimit_postgres::{CheckError, MaintenanceError, PostgresGcraLimiter};
 use sqlx::{Connection, PgConnection};
 
 use crate::support::*;
 
+/// A GCRA policy `id` in scope `subject`.
 fn gcra(id: &str, quota: u64, period_ms: u64, burst: u64) -> GcraPolicy {
-    GcraPolicy::new(
-        PolicyId::new(id).unwrap(),
-        ScopeId::new("subject").unwrap(),
-        quota,
-        Duration::from_millis(period_ms),
-        burst,
-    )
-    .unwrap()
+    runlimit_conformance::support::gcra_in(id, "subject", quota, period_ms, burst)
 }
 
 fn check(policy: &GcraPolicy, subject: runlimit_core::SubjectKey) -> Check<'_, GcraPolicy> {
