@@ -4,7 +4,7 @@
 //! HTTP/2 client (h2), which can stop in the middle of a gRPC message as no gRPC client does.
 
 use crate::backends::{Files, ServerProcess};
-use crate::support::{client, grpc_status, h2_connection, request, views};
+use crate::support::{client, grpc_status, h2_connection, request, start_call, views};
 
 use std::{
     io::{Read as _, Write as _},
@@ -109,13 +109,7 @@ fn stalled_call(
     announced: u32,
     sent: usize,
 ) -> h2::client::ResponseFuture {
-    let request =
-        http::Request::post("http://localhost/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
-    let (response, mut stream) = sender.send_request(request, false).unwrap();
+    let (response, mut stream) = start_call(sender);
     let mut message = vec![0_u8];
     message.extend_from_slice(&announced.to_be_bytes());
     message.resize(5 + sent, b'x');

@@ -366,19 +366,27 @@ pub async fn h2_connection(address: SocketAddr) -> h2::client::SendRequest<bytes
     sender.ready().await.unwrap()
 }
 
-/// A `ShouldRateLimit` call on `sender` whose one gRPC message (uncompressed) is `message`, sent
-/// whole; its response's future.
-pub fn raw_call(
+/// Starts a `ShouldRateLimit` call on `sender` (gRPC headers, no body yet): its response's
+/// future and the request stream to send the body on.
+pub fn start_call(
     sender: &mut h2::client::SendRequest<bytes::Bytes>,
-    message: &[u8],
-) -> h2::client::ResponseFuture {
+) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
     let request =
         http::Request::post("http://localhost/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())
             .unwrap();
-    let (response, mut stream) = sender.send_request(request, false).unwrap();
+    sender.send_request(request, false).unwrap()
+}
+
+/// A `ShouldRateLimit` call on `sender` whose one gRPC message (uncompressed) is `message`, sent
+/// whole; its response's future.
+pub fn raw_call(
+    sender: &mut h2::client::SendRequest<bytes::Bytes>,
+    message: &[u8],
+) -> h2::client::ResponseFuture {
+    let (response, mut stream) = start_call(sender);
     let mut frame = vec![0_u8];
     frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
     frame.extend_from_slice(message);
