@@ -131,20 +131,19 @@ fn evaluate_pair<A: Algorithm>(
 /// The decision of a pair batch decided under its locks: both allowances (allowed), or the
 /// denial the batch rule picked and its retry-after.
 #[inline(always)]
-fn pair_decision<E>(
+fn pair_decision(
     decided: Result<[Allowance; 2], (BatchDenial, Option<Delay>)>,
-) -> Result<(BatchDecision, Option<usize>), Failure<E>> {
-    let decision = match decided {
+) -> Result<(BatchDecision, Option<usize>), BatchDecisionError> {
+    match decided {
         Ok(allowances) => batch::allowed(allowances).map(|decision| (decision, None)),
         Err((denial, retry_after)) => {
             denial.into_decision(2, retry_after).map(|decision| (decision, Some(denial.index())))
         }
-    };
-    // Unreachable: two allowances, an index of 0 or 1. Fail closed as an invalid batch.
-    decision.map_err(|_| Failure::Invalid(runlimit_core::BatchError::EmptyBatch))
+    }
 }
 
 /// A decided batch: its decision, and what an observer reads when `observed` asks for it.
+#[inline(always)]
 fn report<E>(
     decision: Result<(BatchDecision, Option<usize>), BatchDecisionError>,
     headroom: ShardHeadroom,
@@ -759,13 +758,7 @@ impl Engine {
             ShardHeadroom { shard_index, entries: 0, capacity: 0 }
         };
         drop(shard);
-        let (decision, singled_out) = pair_decision(decided)?;
-        Ok(finish(decision, observed, || Observed {
-            headroom,
-            singled_out,
-            consumed: singled_out.is_none(),
-            cleanup,
-        }))
+        report(pair_decision(decided), headroom, cleanup, observed)
     }
 
     /// Two checks whose keys live on two shards (a subject key per policy, as
@@ -872,13 +865,7 @@ impl Engine {
             };
         }
         drop(shards);
-        let (decision, singled_out) = pair_decision(decided)?;
-        Ok(finish(decision, observed, || Observed {
-            headroom,
-            singled_out,
-            consumed: singled_out.is_none(),
-            cleanup,
-        }))
+        report(pair_decision(decided), headroom, cleanup, observed)
     }
 
     /// Any batch: grouped by shard and checked against shard capacities before any lock,
