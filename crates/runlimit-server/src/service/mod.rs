@@ -21,6 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
     rate_limit_service_server::RateLimitService,
 };
 use runlimit_core::{ConsumptionStatus, FixedWindowPolicy, GcraPolicy, KeyHasher, QuotaMode};
+use runlimit_http::draft_11::PolicyName;
 use tonic::{Request, Response, Status};
 
 pub(crate) use self::evaluate::Exhaustion;
@@ -499,15 +500,19 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
         // it must not depend on anything a request chooses. The counters stay apart anyway: the
         // subject holds every entry's key and value, and the fingerprint the limit and unit.
         let id = policy_id("override", &domain.name, []);
-        // The header name lists the entry keys (`domain.key1.key2 (override)`); the rule's path,
-        // which metrics and logs show, is one fixed text per domain, so no request can add a
-        // metric series.
+        // The header name lists the entry keys and the limit (`domain.key1.key2 (override
+        // 3/hour)`), so two overrides of the same keys with different limits, which count
+        // apart, are two draft-11 items. When the domain and keys cannot make a draft-11 name
+        // (characters outside %x20-%x7E, or more than 1,024 bytes), the policy identifier
+        // stands for them, still followed by the limit. The rule's path, which metrics and
+        // logs show, is one fixed text per domain, so no request can add a metric series.
+        let limit_text = format!(" (override {}/{})", limit.requests_per_unit, unit.name());
         let mut keys_path = domain.name.to_string();
         for entry in &descriptor.entries {
             keys_path.push('.');
             keys_path.push_str(&entry.key);
         }
-        keys_path.push_str(" (override)");
+        keys_path.push_str(&limit_text);
         let path = format!("{}.(override)", domain.name);
         let policy = if limit.requests_per_unit == 0 {
             None
@@ -516,8 +521,9 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
                 .ok()
                 .map(|policy| if shadow { policy.with_quota_mode(QuotaMode::Shadow) } else { policy })
         };
-        let header_name = runlimit_http::draft_11::PolicyName::new(&keys_path)
-            .unwrap_or_else(|_| runlimit_http::draft_11::PolicyName::from(&id));
+        let header_name = PolicyName::new(&keys_path)
+            .or_else(|_| PolicyName::new(&format!("{}{limit_text}", id.as_str())))
+            .unwrap_or_else(|_| PolicyName::from(&id));
         rules.insert(
             index,
             Rule {

@@ -20,8 +20,10 @@ use crate::config::{Quota, Rule, RulePolicy, Unit};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HeaderFormat {
     /// The IETF draft-11 fields (draft-ietf-httpapi-ratelimit-headers-11): `RateLimit-Policy`
-    /// and `RateLimit` with an item per evaluated rule (named by its `name`, else its path),
-    /// and `Retry-After` (whole seconds, rounded up) when the request is over its limit.
+    /// and `RateLimit` with an item per evaluated rule (named by its `name`, else its path; a
+    /// limit override by its domain, entry keys and limit, as in `api.path.method (override
+    /// 3/hour)`), and `Retry-After` (whole seconds, rounded up) when the request is over its
+    /// limit.
     Draft11,
     /// The fields envoyproxy/ratelimit adds: `RateLimit-Limit`, `RateLimit-Remaining` and
     /// `RateLimit-Reset` (whole seconds, rounded up) of the most constrained descriptor (the

@@ -230,7 +230,7 @@ async fn draft_11_under_global_shadow_describes_the_exhausted_rule_without_retry
 }
 
 #[tokio::test]
-async fn draft_11_names_a_limit_override_by_its_domain_and_keys() {
+async fn draft_11_names_a_limit_override_by_its_domain_keys_and_limit() {
     let (server, _clock, mut client) = serve_memory(RULES, draft_11()).await;
     let overridden =
         with_override(descriptor(&[("path", "/upload"), ("method", "PUT")]), 3, RateLimitUnit::Hour as i32);
@@ -238,8 +238,60 @@ async fn draft_11_names_a_limit_override_by_its_domain_and_keys() {
     assert_eq!(
         headers(&response),
         pairs(&[
-            ("RateLimit-Policy", r#""api.path.method (override)";q=3;w=3600"#),
-            ("RateLimit", r#""api.path.method (override)";r=2;t=3600"#),
+            ("RateLimit-Policy", r#""api.path.method (override 3/hour)";q=3;w=3600"#),
+            ("RateLimit", r#""api.path.method (override 3/hour)";r=2;t=3600"#),
+        ])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn draft_11_describes_two_overrides_of_the_same_keys_with_different_limits_apart() {
+    let (server, _clock, mut client) = serve_memory(RULES, draft_11()).await;
+    let hourly =
+        with_override(descriptor(&[("path", "/upload"), ("method", "PUT")]), 3, RateLimitUnit::Hour as i32);
+    let per_minute = with_override(
+        descriptor(&[("path", "/upload"), ("method", "POST")]),
+        5,
+        RateLimitUnit::Minute as i32,
+    );
+    let response = call(&mut client, request_of("api", vec![hourly, per_minute])).await;
+    assert_eq!(overall(&response), Code::Ok);
+    assert_eq!(
+        headers(&response),
+        pairs(&[
+            (
+                "RateLimit-Policy",
+                r#""api.path.method (override 3/hour)";q=3;w=3600, "api.path.method (override 5/minute)";q=5;w=60"#
+            ),
+            (
+                "RateLimit",
+                r#""api.path.method (override 3/hour)";r=2;t=3600, "api.path.method (override 5/minute)";r=4;t=60"#
+            ),
+        ])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn draft_11_names_an_override_whose_keys_cannot_be_a_name_by_its_policy_and_limit() {
+    let (server, _clock, mut client) = serve_memory(RULES, draft_11()).await;
+    // A tab cannot be part of a draft-11 name (RFC 9651 §3.3.3): the policy identifier of the
+    // domain's overrides stands for the domain and keys.
+    let hourly = with_override(descriptor(&[("path\tname", "/upload")]), 3, RateLimitUnit::Hour as i32);
+    let daily = with_override(descriptor(&[("path\tname", "/upload")]), 7, RateLimitUnit::Day as i32);
+    let response = call(&mut client, request_of("api", vec![hourly, daily])).await;
+    assert_eq!(
+        headers(&response),
+        pairs(&[
+            (
+                "RateLimit-Policy",
+                r#""rls.a18dde6fb1915ae613326896 (override 3/hour)";q=3;w=3600, "rls.a18dde6fb1915ae613326896 (override 7/day)";q=7;w=86400"#
+            ),
+            (
+                "RateLimit",
+                r#""rls.a18dde6fb1915ae613326896 (override 3/hour)";r=2;t=3600, "rls.a18dde6fb1915ae613326896 (override 7/day)";r=6;t=86400"#
+            ),
         ])
     );
     server.stop().await;
