@@ -4,10 +4,14 @@
 //! A key or value of a rule file may hold any character, a line feed or a terminal escape
 //! (`ESC`, `\u{1b}`) included (YAML's double-quoted `"\n"`, `"\e"`). Echoed raw, one problem
 //! would span several lines (and be read as several by whoever reads a line per problem) or
-//! drive the terminal that shows it. Each control character (`char::is_control`: U+0000 to
-//! U+001F and U+007F to U+009F) is written as `char::escape_debug` writes it: `\n`, `\r`,
-//! `\t`, `\0`, and `\u{1b}` for the others. Every other character is written as is, backslashes
-//! and quotes included, so escaping text twice changes nothing more.
+//! drive the terminal that shows it; a bidirectional formatting character (`"\u202E"`) would
+//! reorder the characters after it on screen, so that a key reads as another (the "Trojan
+//! Source" trick, CVE-2021-42574). Each control character (`char::is_control`: U+0000 to
+//! U+001F and U+007F to U+009F) and each bidirectional formatting character (U+061C, U+200E,
+//! U+200F, U+202A to U+202E, U+2066 to U+2069: Unicode Standard Annex #9, table 4) is written
+//! as `char::escape_debug` writes it: `\n`, `\r`, `\t`, `\0`, and `\u{1b}` or `\u{202e}` for
+//! the others. Every other character is written as is, backslashes and quotes included, so
+//! escaping text twice changes nothing more.
 
 use std::{
     borrow::Cow,
@@ -17,7 +21,7 @@ use std::{
 /// `text` for display: itself when it holds no control character, else a copy with each one
 /// escaped (see the module's documentation).
 pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
-    if !text.contains(char::is_control) {
+    if !text.contains(escaped) {
         return Cow::Borrowed(text);
     }
     let mut escaped = String::with_capacity(text.len() + 8);
@@ -44,6 +48,13 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
+/// Whether `character` is written escaped: a control or bidirectional formatting character
+/// (see the module's documentation).
+fn escaped(character: char) -> bool {
+    character.is_control()
+        || matches!(character, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// A writer that escapes the control characters of everything written through it to `W`.
 #[derive(Debug)]
 pub(crate) struct EscapeControls<W>(pub(crate) W);
@@ -51,7 +62,7 @@ pub(crate) struct EscapeControls<W>(pub(crate) W);
 impl<W: fmt::Write> fmt::Write for EscapeControls<W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
         let mut start = 0;
-        for (at, control) in text.char_indices().filter(|(_, character)| character.is_control()) {
+        for (at, control) in text.char_indices().filter(|&(_, character)| escaped(character)) {
             self.0.write_str(text.get(start..at).unwrap_or_default())?;
             write!(self.0, "{}", control.escape_debug())?;
             start = at + control.len_utf8();
@@ -74,5 +85,21 @@ mod tests {
         assert_eq!(Escaped("x\ny").to_string(), "x\\ny");
         // Escaped text holds no control character: a second pass leaves it as it is.
         assert_eq!(escape_controls("x\\ny\\u{1b}"), "x\\ny\\u{1b}");
+    }
+
+    #[test]
+    fn bidirectional_formatting_characters_are_escaped() {
+        assert_eq!(
+            escape_controls(
+                "user\u{202e}nimda\u{202c} \u{061c}\u{200e}\u{200f}\u{202a}\u{202b}\u{202d}\u{2066}\u{2067}\u{2068}\u{2069}"
+            ),
+            "user\\u{202e}nimda\\u{202c} \\u{61c}\\u{200e}\\u{200f}\\u{202a}\\u{202b}\\u{202d}\\u{2066}\\u{2067}\\u{2068}\\u{2069}"
+        );
+        assert_eq!(Escaped("a\u{2067}b").to_string(), "a\\u{2067}b");
+        // Neighbours of the ranges, and other format characters, are written as they are.
+        assert_eq!(
+            escape_controls("\u{2029}\u{202f}\u{2065}\u{206a}\u{200d}"),
+            "\u{2029}\u{202f}\u{2065}\u{206a}\u{200d}"
+        );
     }
 }
