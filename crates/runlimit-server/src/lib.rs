@@ -80,7 +80,9 @@ use std::{path::Path, process::ExitCode};
 
 pub use crate::backend::{Backend, BackendError, MAX_REDIS_KEY_PREFIX_LEN};
 pub use crate::cli::{Args, BackendErrorArg, Command, HeaderFormatArg, LogFormat};
-pub use crate::config::{Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, RuleTable, Unit};
+pub use crate::config::{
+    Algorithm, ConfigError, ConfigErrorKind, ConfigErrors, MAX_RULE_FILE_BYTES, RuleTable, Unit,
+};
 pub use crate::grpc::{
     MAX_GRPC_CONNECTIONS, MAX_PENDING_REQUEST_BYTES, PREFACE_TIMEOUT, REQUEST_READ_TIMEOUT,
 };

@@ -131,6 +131,14 @@ pub enum ConfigErrorKind {
     /// A directory holds no `*.yaml` or `*.yml` file.
     #[error("holds no rule file (*.yaml or *.yml)")]
     NoRuleFiles,
+    /// The file takes the rule files of one load past
+    /// [`MAX_RULE_FILE_BYTES`](crate::MAX_RULE_FILE_BYTES); it was read no further, and the
+    /// files after it not at all.
+    #[error("takes the rule files past {maximum} bytes together, the most one load reads")]
+    TooLarge {
+        /// The bound, in bytes.
+        maximum: u64,
+    },
     /// The YAML does not parse, or a value has the wrong type (a string where a number is
     /// expected, a number out of range, a misspelled key...). The message is the YAML
     /// reader's, with the document path and the line and column.

@@ -256,8 +256,9 @@ impl RuleTable {
     ///
     /// Every problem found ([`ConfigErrors`]): an unreadable path or file
     /// ([`ConfigErrorKind::Read`]), a directory without rule files
-    /// ([`ConfigErrorKind::NoRuleFiles`]), and every problem [`from_sources`](Self::from_sources)
-    /// reports.
+    /// ([`ConfigErrorKind::NoRuleFiles`]), rule files of more than [`MAX_RULE_FILE_BYTES`]
+    /// together ([`ConfigErrorKind::TooLarge`], naming the file that passes the bound; the files
+    /// after it are not read), and every problem [`from_sources`](Self::from_sources) reports.
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
         Self::from_sources(read_sources(path)?)
     }
@@ -460,25 +461,65 @@ fn describe_rule(domain: &Domain, rule: &Rule) -> String {
     line
 }
 
+/// The most bytes one load reads from its rule files together: 64 MiB (67,108,864 bytes).
+///
+/// A load stops reading at the file that would take it past this bound and reports that file
+/// ([`ConfigErrorKind::TooLarge`]), so a path that is not the rule files it should be (a
+/// device such as `/dev/zero`, a generated file grown without end) is refused, and a reload
+/// keeps the rules in force, instead of exhausting the process's memory. Reading YAML takes
+/// many times a file's size in memory (a 26 MB rule set of 300,000 rules takes about 1 GB to
+/// load), so the bound leaves room for rule sets several times the largest known.
+pub const MAX_RULE_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
 /// The rule files of `path` (see [`RuleTable::load`]) and their texts, in load order.
 pub(crate) fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, ConfigErrors> {
+    read_sources_within(path, MAX_RULE_FILE_BYTES)
+}
+
+/// [`read_sources`] with `maximum` bytes in place of [`MAX_RULE_FILE_BYTES`].
+fn read_sources_within(path: &Path, maximum: u64) -> Result<Vec<(PathBuf, String)>, ConfigErrors> {
     let files = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
     let mut sources = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
+    let mut remaining = maximum;
     for file in files {
-        match std::fs::read_to_string(&file) {
+        match read_within(&file, remaining) {
             // A UTF-8 byte order mark is not part of the document (envoyproxy/ratelimit's YAML
             // reader skips it too).
-            Ok(mut text) => {
+            Ok(Some(mut text)) => {
+                remaining = remaining.saturating_sub(text.len() as u64);
                 if text.starts_with('\u{feff}') {
                     text.drain(..'\u{feff}'.len_utf8());
                 }
                 sources.push((file, text));
             }
+            Ok(None) => {
+                // The files after it are not read: nothing more fits.
+                errors.push(ConfigError::new(file, "", ConfigErrorKind::TooLarge { maximum }));
+                break;
+            }
             Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
         }
     }
     if errors.is_empty() { Ok(sources) } else { Err(ConfigErrors::new(errors)) }
+}
+
+/// The text of `file` when it holds at most `limit` bytes, else `None` (having read `limit` + 1
+/// bytes of it, whatever its size). Fails as `std::fs::read_to_string` does: the operating
+/// system's error, or `InvalidData` ("stream did not contain valid UTF-8").
+fn read_within(file: &Path, limit: u64) -> std::io::Result<Option<String>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(file)?;
+    // Sized once for a regular file, as `read_to_string` does; a device reports 0 and grows.
+    let expected = file.metadata().map_or(0, |metadata| metadata.len()).min(limit.saturating_add(1));
+    let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Ok(None);
+    }
+    String::from_utf8(bytes).map(Some).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8")
+    })
 }
 
 /// The rule files of `path`: itself, or the `*.yaml` / `*.yml` files directly in it.

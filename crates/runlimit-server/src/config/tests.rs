@@ -1105,6 +1105,69 @@ fn a_rule_file_that_is_not_utf8_cannot_be_read() {
 }
 
 #[test]
+fn rule_files_past_the_byte_bound_together_are_refused_at_the_file_that_passes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (rules_of("a", 1), rules_of("b", 1));
+    write(dir.path(), "a.yaml", &a);
+    write(dir.path(), "b.yaml", &b);
+    // A file after the one that passes the bound is not read, even when it cannot be.
+    fs::write(dir.path().join("c.yaml"), b"\xff").unwrap();
+    let total = (a.len() + b.len()) as u64;
+    // Exactly the three files' size fits: the third, not UTF-8, is reported for that.
+    let errors = read_sources_within(dir.path(), total + 1).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        format!("{}/c.yaml: cannot be read: stream did not contain valid UTF-8", dir.path().display())
+    );
+    // Within the first two files: the second passes the bound; the third is not read.
+    let errors = read_sources_within(dir.path(), total - 1).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        format!(
+            "{}/b.yaml: takes the rule files past {} bytes together, the most one load reads",
+            dir.path().display(),
+            total - 1
+        )
+    );
+    let [error] = errors.errors() else { panic!("one problem expected") };
+    assert!(matches!(error.kind(), ConfigErrorKind::TooLarge { maximum } if *maximum == total - 1));
+    // Within the bound, the texts are the files' own.
+    fs::remove_file(dir.path().join("c.yaml")).unwrap();
+    let sources = read_sources_within(dir.path(), total).unwrap();
+    let texts: Vec<&str> = sources.iter().map(|(_, text)| text.as_str()).collect();
+    assert_eq!(texts, [a.as_str(), b.as_str()]);
+}
+
+#[test]
+fn a_rule_file_larger_than_the_bound_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.yaml");
+    // A sparse file: no disk space, 64 MiB + 1 bytes of zeros to read.
+    fs::File::create(&path).unwrap().set_len(MAX_RULE_FILE_BYTES + 1).unwrap();
+    assert_eq!(
+        RuleTable::load(&path).unwrap_err().to_string(),
+        format!(
+            "{}: takes the rule files past 67108864 bytes together, the most one load reads",
+            path.display()
+        )
+    );
+    // One byte less is read (and then refused as YAML, not for its size).
+    fs::File::create(&path).unwrap().set_len(MAX_RULE_FILE_BYTES).unwrap();
+    let errors = RuleTable::load(&path).unwrap_err();
+    let [error] = errors.errors() else { panic!("one problem expected") };
+    assert!(!matches!(error.kind(), ConfigErrorKind::TooLarge { .. }), "{errors}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_device_without_end_is_refused_at_the_bound() {
+    assert_eq!(
+        RuleTable::load(Path::new("/dev/zero")).unwrap_err().to_string(),
+        "/dev/zero: takes the rule files past 67108864 bytes together, the most one load reads"
+    );
+}
+
+#[test]
 fn a_file_path_is_read_whatever_its_name() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "rules.conf", &rules_of("d", 3));
