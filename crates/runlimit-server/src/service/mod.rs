@@ -501,11 +501,14 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
         // subject holds every entry's key and value, and the fingerprint the limit and unit.
         let id = policy_id("override", &domain.name, []);
         // The header name lists the entry keys and the limit (`domain.key1.key2 (override
-        // 3/hour)`), so two overrides of the same keys with different limits, which count
-        // apart, are two draft-11 items. When the domain and keys cannot make a draft-11 name
-        // (characters outside %x20-%x7E, or more than 1,024 bytes), the policy identifier
-        // stands for them, still followed by the limit. The rule's path, which metrics and
-        // logs show, is one fixed text per domain, so no request can add a metric series.
+        // 3/hour)`), so two overrides of other keys or another limit, which count apart, are
+        // two draft-11 items. When that text cannot be a draft-11 name (a character outside
+        // %x20-%x7E in the domain or a key, or more than 1,024 bytes with the limit), an
+        // identifier of the domain and keys (`rls.` and 24 hexadecimal digits of their SHA-256
+        // digest) stands for them, still followed by the limit. Overrides of the same keys and
+        // limit with other values share the name, as a rule matched twice does (the first
+        // exhausted one is described). The rule's path, which metrics and logs show, is one
+        // fixed text per domain, so no request can add a metric series.
         let limit_text = format!(" (override {}/{})", limit.requests_per_unit, unit.name());
         let mut keys_path = domain.name.to_string();
         for entry in &descriptor.entries {
@@ -521,9 +524,16 @@ fn override_rules(domain: &Domain, request: &RateLimitRequest, shadow: bool) -> 
                 .ok()
                 .map(|policy| if shadow { policy.with_quota_mode(QuotaMode::Shadow) } else { policy })
         };
-        let header_name = PolicyName::new(&keys_path)
-            .or_else(|_| PolicyName::new(&format!("{}{limit_text}", id.as_str())))
-            .unwrap_or_else(|_| PolicyName::from(&id));
+        let header_name = PolicyName::new(&keys_path).or_else(|_| {
+            let keys = policy_id(
+                "override",
+                &domain.name,
+                descriptor.entries.iter().map(|entry| (entry.key.as_str(), None)),
+            );
+            PolicyName::new(&format!("{}{limit_text}", keys.as_str()))
+        });
+        // An identifier and a limit always make a name; the identifier alone is the last resort.
+        let header_name = header_name.unwrap_or_else(|_| PolicyName::from(&id));
         rules.insert(
             index,
             Rule {

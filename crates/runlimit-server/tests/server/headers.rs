@@ -274,23 +274,32 @@ async fn draft_11_describes_two_overrides_of_the_same_keys_with_different_limits
 }
 
 #[tokio::test]
-async fn draft_11_names_an_override_whose_keys_cannot_be_a_name_by_its_policy_and_limit() {
+async fn draft_11_names_an_override_whose_keys_cannot_be_a_name_by_an_identifier_of_its_keys_and_limit() {
     let (server, _clock, mut client) = serve_memory(RULES, draft_11()).await;
-    // A tab cannot be part of a draft-11 name (RFC 9651 §3.3.3): the policy identifier of the
-    // domain's overrides stands for the domain and keys.
+    // A tab or an accent cannot be part of a draft-11 name (RFC 9651 §3.3.3): an identifier of
+    // the domain and keys stands for them, one per set of keys.
     let hourly = with_override(descriptor(&[("path\tname", "/upload")]), 3, RateLimitUnit::Hour as i32);
     let daily = with_override(descriptor(&[("path\tname", "/upload")]), 7, RateLimitUnit::Day as i32);
-    let response = call(&mut client, request_of("api", vec![hourly, daily])).await;
+    let other_keys = with_override(descriptor(&[("méthode", "PUT")]), 3, RateLimitUnit::Hour as i32);
+    let response = call(&mut client, request_of("api", vec![hourly, daily, other_keys])).await;
     assert_eq!(
         headers(&response),
         pairs(&[
             (
                 "RateLimit-Policy",
-                r#""rls.a18dde6fb1915ae613326896 (override 3/hour)";q=3;w=3600, "rls.a18dde6fb1915ae613326896 (override 7/day)";q=7;w=86400"#
+                concat!(
+                    r#""rls.7c4ad83568ea05c595ce5ae9 (override 3/hour)";q=3;w=3600, "#,
+                    r#""rls.7c4ad83568ea05c595ce5ae9 (override 7/day)";q=7;w=86400, "#,
+                    r#""rls.ca09d96c13269db1b9a3040b (override 3/hour)";q=3;w=3600"#,
+                )
             ),
             (
                 "RateLimit",
-                r#""rls.a18dde6fb1915ae613326896 (override 3/hour)";r=2;t=3600, "rls.a18dde6fb1915ae613326896 (override 7/day)";r=6;t=86400"#
+                concat!(
+                    r#""rls.7c4ad83568ea05c595ce5ae9 (override 3/hour)";r=2;t=3600, "#,
+                    r#""rls.7c4ad83568ea05c595ce5ae9 (override 7/day)";r=6;t=86400, "#,
+                    r#""rls.ca09d96c13269db1b9a3040b (override 3/hour)";r=2;t=3600"#,
+                )
             ),
         ])
     );
