@@ -115,6 +115,19 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// The message of [`ConfigErrorKind::TooLarge`].
+fn too_large(maximum: u64, before: u64) -> String {
+    if before == 0 {
+        format!("is larger than {maximum} bytes, the most one load reads from its rule files")
+    } else {
+        format!(
+            "is larger than the {} bytes left of the {maximum} one load reads from its rule files \
+             (the files before it hold {before})",
+            maximum.saturating_sub(before)
+        )
+    }
+}
+
 /// What is wrong, without where. The display of each variant is the sentence
 /// [`ConfigError`] shows after the path, with the control characters of the values it quotes
 /// escaped (`\n`, `\u{1b}`); the fields hold the values as found.
@@ -131,14 +144,24 @@ pub enum ConfigErrorKind {
     /// A directory holds no `*.yaml` or `*.yml` file.
     #[error("holds no rule file (*.yaml or *.yml)")]
     NoRuleFiles,
-    /// The file takes the rule files of one load past
-    /// [`MAX_RULE_FILE_BYTES`](crate::MAX_RULE_FILE_BYTES); it was read no further, and the
-    /// files after it not at all.
-    #[error("takes the rule files past {maximum} bytes together, the most one load reads")]
+    /// The file would take the rule files of one load past
+    /// [`MAX_RULE_FILE_BYTES`](crate::MAX_RULE_FILE_BYTES); it was not kept, and the files
+    /// after it were not read.
+    #[error("{}", too_large(*.maximum, *.before))]
     TooLarge {
         /// The bound, in bytes.
         maximum: u64,
+        /// The bytes of the files read before this one (0 for the first, or a file given as
+        /// the path).
+        before: u64,
     },
+    /// An entry of the rule directory, named like a rule file, is a named pipe, a socket or a
+    /// device (after following symbolic links): not read, since a named pipe would block the
+    /// load until something wrote to it.
+    #[error(
+        "is not a regular file (a named pipe, socket or device); only regular files are read as rule files"
+    )]
+    NotAFile,
     /// The YAML does not parse, or a value has the wrong type (a string where a number is
     /// expected, a number out of range, a misspelled key...). The message is the YAML
     /// reader's, with the document path and the line and column.

@@ -256,7 +256,8 @@ impl RuleTable {
     ///
     /// Every problem found ([`ConfigErrors`]): an unreadable path or file
     /// ([`ConfigErrorKind::Read`]), a directory without rule files
-    /// ([`ConfigErrorKind::NoRuleFiles`]), rule files of more than [`MAX_RULE_FILE_BYTES`]
+    /// ([`ConfigErrorKind::NoRuleFiles`]), a directory entry that is not a regular file
+    /// ([`ConfigErrorKind::NotAFile`]), rule files of more than [`MAX_RULE_FILE_BYTES`]
     /// together ([`ConfigErrorKind::TooLarge`], naming the file that passes the bound; the files
     /// after it are not read), and every problem [`from_sources`](Self::from_sources) reports.
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
@@ -463,12 +464,15 @@ fn describe_rule(domain: &Domain, rule: &Rule) -> String {
 
 /// The most bytes one load reads from its rule files together: 64 MiB (67,108,864 bytes).
 ///
-/// A load stops reading at the file that would take it past this bound and reports that file
-/// ([`ConfigErrorKind::TooLarge`]), so a path that is not the rule files it should be (a
-/// device such as `/dev/zero`, a generated file grown without end) is refused, and a reload
-/// keeps the rules in force, instead of exhausting the process's memory. Reading YAML takes
-/// many times a file's size in memory (a 26 MB rule set of 300,000 rules takes about 1 GB to
-/// load), so the bound leaves room for rule sets several times the largest known.
+/// A load refuses the file that would take it past this bound
+/// ([`ConfigErrorKind::TooLarge`]): a regular file by its size, before reading it; anything
+/// else (a device such as `/dev/zero` given as the path) after reading one byte more than is
+/// left. The files after it are not read. So a path that is not the rule files it should be, or
+/// a generated file grown without end, is refused, and a reload keeps the rules in force,
+/// instead of exhausting the process's memory. A file that cannot be read does not count.
+/// Reading YAML takes many times a file's size in memory (a 26 MB rule set of 300,000 rules
+/// takes about 1 GB to load), so the bound leaves room for rule sets several times the largest
+/// known.
 pub const MAX_RULE_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The rule files of `path` (see [`RuleTable::load`]) and their texts, in load order.
@@ -478,56 +482,82 @@ pub(crate) fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, Config
 
 /// [`read_sources`] with `maximum` bytes in place of [`MAX_RULE_FILE_BYTES`].
 fn read_sources_within(path: &Path, maximum: u64) -> Result<Vec<(PathBuf, String)>, ConfigErrors> {
-    let files = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
+    let (files, listed) = rule_files(path).map_err(|error| ConfigErrors::new(vec![error]))?;
     let mut sources = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
-    let mut remaining = maximum;
+    let mut before = 0u64;
     for file in files {
-        match read_within(&file, remaining) {
+        let kind = match read_within(&file, maximum.saturating_sub(before), listed) {
             // A UTF-8 byte order mark is not part of the document (envoyproxy/ratelimit's YAML
             // reader skips it too).
-            Ok(Some(mut text)) => {
-                remaining = remaining.saturating_sub(text.len() as u64);
+            Ok(Read::Text(mut text)) => {
+                before = before.saturating_add(text.len() as u64);
                 if text.starts_with('\u{feff}') {
                     text.drain(..'\u{feff}'.len_utf8());
                 }
                 sources.push((file, text));
+                continue;
             }
-            Ok(None) => {
+            Ok(Read::TooLarge) => {
+                errors.push(ConfigError::new(file, "", ConfigErrorKind::TooLarge { maximum, before }));
                 // The files after it are not read: nothing more fits.
-                errors.push(ConfigError::new(file, "", ConfigErrorKind::TooLarge { maximum }));
                 break;
             }
-            Err(source) => errors.push(ConfigError::new(file, "", ConfigErrorKind::Read { source })),
-        }
+            Ok(Read::NotAFile) => ConfigErrorKind::NotAFile,
+            Err(source) => ConfigErrorKind::Read { source },
+        };
+        errors.push(ConfigError::new(file, "", kind));
     }
     if errors.is_empty() { Ok(sources) } else { Err(ConfigErrors::new(errors)) }
 }
 
-/// The text of `file` when it holds at most `limit` bytes, else `None` (having read `limit` + 1
-/// bytes of it, whatever its size). Fails as `std::fs::read_to_string` does: the operating
-/// system's error, or `InvalidData` ("stream did not contain valid UTF-8").
-fn read_within(file: &Path, limit: u64) -> std::io::Result<Option<String>> {
+/// What [`read_within`] found.
+enum Read {
+    /// The file's text.
+    Text(String),
+    /// More bytes than the limit.
+    TooLarge,
+    /// Not a regular file, in a listed directory.
+    NotAFile,
+}
+
+/// The text of `file` when it holds at most `limit` bytes. A regular file larger than `limit`
+/// is refused by its size, unread; anything else by reading `limit` + 1 bytes of it, whatever
+/// its size. With `listed` (the file is an entry of the directory given as the path), only a
+/// regular file (after following symbolic links) is opened: a named pipe would block the load
+/// until a writer came, a device or socket is no rule file. Fails as
+/// `std::fs::read_to_string` does: the operating system's error, or `InvalidData` ("stream did
+/// not contain valid UTF-8").
+fn read_within(file: &Path, limit: u64, listed: bool) -> std::io::Result<Read> {
     use std::io::Read as _;
+    let metadata = std::fs::metadata(file)?;
+    if metadata.is_file() && metadata.len() > limit {
+        return Ok(Read::TooLarge);
+    }
+    if listed && !metadata.is_file() {
+        return Ok(Read::NotAFile);
+    }
     let file = std::fs::File::open(file)?;
-    // Sized once for a regular file, as `read_to_string` does; a device reports 0 and grows.
-    let expected = file.metadata().map_or(0, |metadata| metadata.len()).min(limit.saturating_add(1));
+    // Sized once for a regular file, as `read_to_string` does; anything else reports 0 and grows.
+    let expected = if metadata.is_file() { metadata.len() } else { 0 };
     let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+    // A file that grows while it is read is bounded all the same.
     file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
-        return Ok(None);
+        return Ok(Read::TooLarge);
     }
-    String::from_utf8(bytes).map(Some).map_err(|_| {
+    String::from_utf8(bytes).map(Read::Text).map_err(|_| {
         std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8")
     })
 }
 
-/// The rule files of `path`: itself, or the `*.yaml` / `*.yml` files directly in it.
-fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+/// The rule files of `path`: itself, or the `*.yaml` / `*.yml` files directly in it; and
+/// whether they were listed from a directory.
+fn rule_files(path: &Path) -> Result<(Vec<PathBuf>, bool), ConfigError> {
     let read = |source| ConfigError::new(path, "", ConfigErrorKind::Read { source });
     let metadata = std::fs::metadata(path).map_err(read)?;
     if !metadata.is_dir() {
-        return Ok(vec![path.to_owned()]);
+        return Ok((vec![path.to_owned()], false));
     }
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).map_err(read)? {
@@ -540,9 +570,10 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         }
         // `metadata` follows symbolic links (ConfigMap mounts link every file). A directory
         // named like a rule file is skipped as every subdirectory is; a name whose link leads
-        // nowhere readable (dangling, a loop, a directory without permission) is kept, so that
-        // reading it reports why, with every other file's problems: skipping it would drop its
-        // domain's limits, while a refused reload keeps the rules in force.
+        // nowhere readable (dangling, a loop, a directory without permission), or to something
+        // that is not a regular file, is kept, so that reading it reports why, with every other
+        // file's problems: skipping it would drop its domain's limits, while a refused reload
+        // keeps the rules in force.
         if !std::fs::metadata(entry.path()).is_ok_and(|metadata| metadata.is_dir()) {
             files.push(entry.path());
         }
@@ -551,7 +582,7 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         return Err(ConfigError::new(path, "", ConfigErrorKind::NoRuleFiles));
     }
     files.sort();
-    Ok(files)
+    Ok((files, true))
 }
 
 /// Parses one file: its nesting depth first (see the `nesting` module), then as a generic

@@ -1112,7 +1112,7 @@ fn rule_files_past_the_byte_bound_together_are_refused_at_the_file_that_passes_i
     write(dir.path(), "b.yaml", &b);
     // A file after the one that passes the bound is not read, even when it cannot be.
     fs::write(dir.path().join("c.yaml"), b"\xff").unwrap();
-    let total = (a.len() + b.len()) as u64;
+    let (a_len, total) = (a.len() as u64, (a.len() + b.len()) as u64);
     // Exactly the three files' size fits: the third, not UTF-8, is reported for that.
     let errors = read_sources_within(dir.path(), total + 1).unwrap_err();
     assert_eq!(
@@ -1124,13 +1124,18 @@ fn rule_files_past_the_byte_bound_together_are_refused_at_the_file_that_passes_i
     assert_eq!(
         errors.to_string(),
         format!(
-            "{}/b.yaml: takes the rule files past {} bytes together, the most one load reads",
+            "{}/b.yaml: is larger than the {} bytes left of the {} one load reads from its rule files \
+             (the files before it hold {a_len})",
             dir.path().display(),
+            total - 1 - a_len,
             total - 1
         )
     );
     let [error] = errors.errors() else { panic!("one problem expected") };
-    assert!(matches!(error.kind(), ConfigErrorKind::TooLarge { maximum } if *maximum == total - 1));
+    assert!(matches!(
+        error.kind(),
+        ConfigErrorKind::TooLarge { maximum, before } if (*maximum, *before) == (total - 1, a_len)
+    ));
     // Within the bound, the texts are the files' own.
     fs::remove_file(dir.path().join("c.yaml")).unwrap();
     let sources = read_sources_within(dir.path(), total).unwrap();
@@ -1139,32 +1144,54 @@ fn rule_files_past_the_byte_bound_together_are_refused_at_the_file_that_passes_i
 }
 
 #[test]
-fn a_rule_file_larger_than_the_bound_is_refused() {
+fn a_rule_file_larger_than_the_bound_is_refused_by_its_size() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.yaml");
-    // A sparse file: no disk space, 64 MiB + 1 bytes of zeros to read.
+    // A sparse file: no disk space, and refused by its size without being read.
     fs::File::create(&path).unwrap().set_len(MAX_RULE_FILE_BYTES + 1).unwrap();
     assert_eq!(
         RuleTable::load(&path).unwrap_err().to_string(),
         format!(
-            "{}: takes the rule files past 67108864 bytes together, the most one load reads",
+            "{}: is larger than 67108864 bytes, the most one load reads from its rule files",
             path.display()
         )
     );
-    // One byte less is read (and then refused as YAML, not for its size).
+    // One byte less is read (64 MiB of zeros), and refused as YAML, not for its size.
     fs::File::create(&path).unwrap().set_len(MAX_RULE_FILE_BYTES).unwrap();
-    let errors = RuleTable::load(&path).unwrap_err();
-    let [error] = errors.errors() else { panic!("one problem expected") };
-    assert!(!matches!(error.kind(), ConfigErrorKind::TooLarge { .. }), "{errors}");
+    assert_eq!(
+        RuleTable::load(&path).unwrap_err().to_string(),
+        format!("{}: control characters are not allowed", path.display())
+    );
 }
 
 #[cfg(target_os = "linux")]
 #[test]
-fn a_device_without_end_is_refused_at_the_bound() {
+fn a_device_given_as_the_path_is_read_up_to_the_bound() {
+    // `/dev/zero` has no end and reports no size: one byte more than the bound is read.
+    let errors = read_sources_within(Path::new("/dev/zero"), 1_024).unwrap_err();
     assert_eq!(
-        RuleTable::load(Path::new("/dev/zero")).unwrap_err().to_string(),
-        "/dev/zero: takes the rule files past 67108864 bytes together, the most one load reads"
+        errors.to_string(),
+        "/dev/zero: is larger than 1024 bytes, the most one load reads from its rule files"
     );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_named_pipe_or_device_in_the_rule_directory_is_refused_unopened() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &rules_of("a", 1));
+    // No process ever writes to this pipe: opening it would block the load for good.
+    let status = std::process::Command::new("mkfifo").arg(dir.path().join("pipe.yaml")).status().unwrap();
+    assert!(status.success());
+    std::os::unix::fs::symlink("/dev/null", dir.path().join("null.yml")).unwrap();
+    let errors = RuleTable::load(dir.path()).unwrap_err();
+    let message = "is not a regular file (a named pipe, socket or device); only regular files are read as \
+                   rule files";
+    assert_eq!(
+        errors.to_string(),
+        format!("{0}/null.yml: {message}\n{0}/pipe.yaml: {message}", dir.path().display())
+    );
+    assert!(errors.errors().iter().all(|error| matches!(error.kind(), ConfigErrorKind::NotAFile)));
 }
 
 #[test]
