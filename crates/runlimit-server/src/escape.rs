@@ -1,5 +1,5 @@
-//! Control characters of rule-file text escaped where the text is shown: in problems, in the
-//! rules' descriptions, in `/rlconfig`.
+//! Control and bidirectional formatting characters of rule-file text escaped where the text is
+//! shown: in problems, in the rules' descriptions, in `/rlconfig`.
 //!
 //! A key or value of a rule file may hold any character, a line feed or a terminal escape
 //! (`ESC`, `\u{1b}`) included (YAML's double-quoted `"\n"`, `"\e"`). Echoed raw, one problem
@@ -18,8 +18,8 @@ use std::{
     fmt::{self, Write as _},
 };
 
-/// `text` for display: itself when it holds no control character, else a copy with each one
-/// escaped (see the module's documentation).
+/// `text` for display: itself when it holds no control or bidirectional formatting character,
+/// else a copy with each one escaped (see the module's documentation).
 pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
     if !text.contains(escaped) {
         return Cow::Borrowed(text);
@@ -38,7 +38,7 @@ pub(crate) fn escape_line(line: String) -> String {
     }
 }
 
-/// Displays a `&str` with its control characters escaped.
+/// Displays a `&str` with its control and bidirectional formatting characters escaped.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Escaped<'a>(pub(crate) &'a str);
 
@@ -55,7 +55,8 @@ fn escaped(character: char) -> bool {
         || matches!(character, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// A writer that escapes the control characters of everything written through it to `W`.
+/// A writer that escapes the control and bidirectional formatting characters of everything
+/// written through it to `W`.
 #[derive(Debug)]
 pub(crate) struct EscapeControls<W>(pub(crate) W);
 

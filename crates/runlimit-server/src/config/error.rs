@@ -18,8 +18,9 @@ use crate::escape::{EscapeControls, Escaped};
 /// carry the YAML reader's own path and its line and column instead.
 ///
 /// The display is one line: every control character of the file name, the path and the
-/// message (a key or value of the file holding a line feed or a terminal escape) is escaped as
-/// `char::escape_debug` writes it (`\n`, `\u{1b}`). The accessors return the text as found.
+/// message (a key or value of the file holding a line feed or a terminal escape), and every
+/// bidirectional formatting character, is escaped as `char::escape_debug` writes it (`\n`,
+/// `\u{1b}`, `\u{202e}`). The accessors return the text as found.
 #[derive(Debug)]
 pub struct ConfigError {
     file: PathBuf,
@@ -129,8 +130,9 @@ fn too_large(maximum: u64, before: u64) -> String {
 }
 
 /// What is wrong, without where. The display of each variant is the sentence
-/// [`ConfigError`] shows after the path, with the control characters of the values it quotes
-/// escaped (`\n`, `\u{1b}`); the fields hold the values as found.
+/// [`ConfigError`] shows after the path, with the control and bidirectional formatting
+/// characters of the values it quotes escaped (`\n`, `\u{1b}`, `\u{202e}`); the fields hold the
+/// values as found.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigErrorKind {

@@ -329,8 +329,9 @@ impl RuleTable {
 
     /// Every limited rule (`domain.key_value...` path) with its limit, as
     /// `path: N per UNIT (ALGORITHM)` lines sorted by path; `unlimited` rules read
-    /// `path: unlimited`. Shadow-mode rules end in ` [shadow]`. Control characters of the
-    /// keys and values are escaped (`\n`, `\u{1b}`), so each line is one line.
+    /// `path: unlimited`. Shadow-mode rules end in ` [shadow]`. Control and bidirectional
+    /// formatting characters of the keys and values are escaped (`\n`, `\u{1b}`, `\u{202e}`), so
+    /// each line is one line.
     #[must_use]
     pub fn describe(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
@@ -346,7 +347,8 @@ impl RuleTable {
     /// `/rlconfig` form: `PATH: unit=MINUTE requests_per_unit=5, shadow_mode: false`, with
     /// `, algorithm: gcra, burst: B` for a GCRA rule and `PATH: unlimited, shadow_mode: false`
     /// for an unlimited one. `shadow_mode` is true under the server's global shadow mode too.
-    /// Control characters of the keys and values are escaped (`\n`, `\u{1b}`).
+    /// Control and bidirectional formatting characters of the keys and values are escaped
+    /// (`\n`, `\u{1b}`, `\u{202e}`).
     #[must_use]
     pub fn dump(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
@@ -380,8 +382,9 @@ impl RuleTable {
     /// present in both (same domain and descriptor path, compared as keys and values) whose
     /// limit, unit, algorithm or burst differs, or whose `share_threshold` patterns along the
     /// path differ (which values share a counter), as `path: OLD -> NEW` lines sorted by path,
-    /// control characters escaped (`\n`, `\u{1b}`). Rules only in one of the tables are not
-    /// listed (a new rule starts fresh, a removed one is gone).
+    /// control and bidirectional formatting characters escaped (`\n`, `\u{1b}`, `\u{202e}`).
+    /// Rules only in one of the tables are not listed (a new rule starts fresh, a removed one
+    /// is gone).
     #[must_use]
     pub fn restarted_counters(&self, previous: &Self) -> Vec<String> {
         let mut lines = Vec::new();
