@@ -1,5 +1,7 @@
 //! One quota shared by two replicas through PostgreSQL:
-//! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run -p runlimit-postgres --example shared_quota`.
+//! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/runlimit_example cargo run -p runlimit-postgres --example shared_quota`
+//! (after `psql -h 127.0.0.1 -U postgres -c 'CREATE DATABASE runlimit_example'`: the example
+//! leaves the tables of the migrations it applies, and a counter row, in that database).
 //!
 //! Two limiters with their own connection pools stand for two replicas of a service. They
 //! take turns checking one API key against 4 exports per minute: the quota is counted once,
@@ -15,10 +17,12 @@ use sqlx::postgres::PgPoolOptions;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| {
+    // Unset and empty alike: an empty URL would only say `RelativeUrlWithoutBase`.
+    let url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty()).ok_or(
         "set DATABASE_URL to a PostgreSQL database this example may add tables to, for example \
-         DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
-    })?;
+         DATABASE_URL=postgres://postgres@127.0.0.1:5432/runlimit_example (after CREATE DATABASE \
+         runlimit_example)",
+    )?;
     let mut replicas = Vec::new();
     for _ in 0..2 {
         let pool = PgPoolOptions::new().max_connections(2).connect(&url).await?;
