@@ -8,7 +8,7 @@
 //! reorder the characters after it on screen, so that a key reads as another (the "Trojan
 //! Source" trick, CVE-2021-42574). Each control character (`char::is_control`: U+0000 to
 //! U+001F and U+007F to U+009F) and each bidirectional formatting character (U+061C, U+200E,
-//! U+200F, U+202A to U+202E, U+2066 to U+2069: Unicode Standard Annex #9, table 4) is written
+//! U+200F, U+202A to U+202E, U+2066 to U+2069: Unicode Standard Annex #9, section 2) is written
 //! as `char::escape_debug` writes it: `\n`, `\r`, `\t`, `\0`, and `\u{1b}` or `\u{202e}` for
 //! the others. Every other character is written as is, backslashes and quotes included, so
 //! escaping text twice changes nothing more.
