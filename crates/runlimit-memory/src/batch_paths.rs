@@ -85,11 +85,7 @@ fn run<A: Algorithm>(config: MemoryStoreConfig, policies: &[A; 3], ops: &[Op]) -
 where
     A::Error: std::fmt::Debug,
 {
-    let hasher = KeyHasher::new(&[7; 32]).unwrap();
-    let subjects: Vec<Vec<PolicySubject<'_, A>>> = policies
-        .iter()
-        .map(|policy| (0..10u64).map(|n| hasher.hash_for(policy, &n.to_be_bytes())).collect())
-        .collect();
+    let subjects = subjects(policies);
     let subject = |policy: usize, n: u64| subjects[policy][usize::try_from(n).unwrap()];
     let (small, grouped) = (Engine::new(config), Engine::new(config));
     let mut now = 0u64;
@@ -127,6 +123,15 @@ where
         prop_assert_eq!(small.stats(), grouped.stats(), "shard occupancy after step {}", step);
     }
     Ok(())
+}
+
+/// Subjects 0 to 9 of each policy, `subjects[policy][n]`, keyed by a fixed test secret.
+pub(crate) fn subjects<A: Algorithm>(policies: &[A; 3]) -> Vec<Vec<PolicySubject<'_, A>>> {
+    let hasher = KeyHasher::new(&[7; 32]).unwrap();
+    policies
+        .iter()
+        .map(|policy| (0..10u64).map(|n| hasher.hash_for(policy, &n.to_be_bytes())).collect())
+        .collect()
 }
 
 pub(crate) fn fixed(id: &str, limit: u64, window_ms: u64) -> FixedWindowPolicy {

@@ -7,12 +7,12 @@
 //! shards.
 
 use proptest::prelude::*;
-use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, KeyHasher, PolicySubject, QuotaMode};
+use runlimit_core::{Check, FixedWindowPolicy, GcraPolicy, PolicySubject, QuotaMode};
 
 use crate::{
     MemoryStoreConfig,
     algorithm::sealed::Algorithm,
-    batch_paths::{config_of_up_to, fixed, gcra, outcome},
+    batch_paths::{config_of_up_to, fixed, gcra, outcome, subjects},
     engine::{Engine, Observed},
 };
 
@@ -53,11 +53,7 @@ fn run<A: Algorithm>(
 where
     A::Error: std::fmt::Debug,
 {
-    let hasher = KeyHasher::new(&[7; 32]).unwrap();
-    let subjects: Vec<Vec<PolicySubject<'_, A>>> = policies
-        .iter()
-        .map(|policy| (0..10u64).map(|n| hasher.hash_for(policy, &n.to_be_bytes())).collect())
-        .collect();
+    let subjects = subjects(policies);
     let check = |(policy, n, cost): (usize, u64, u64), bound: Option<PolicySubject<'_, A>>| {
         let subject = match bound {
             Some(other) => other.into_unbound_subject_key().bind(&policies[policy]),
